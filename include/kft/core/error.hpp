@@ -1,0 +1,127 @@
+/// @file kft/core/error.hpp
+/// @brief kft's one exception hierarchy.
+///
+/// Every kft failure is a `kft::error`, which knows where it happened: the rank and world
+/// size (when known), the operation, the operation's sequence number on this communicator
+/// and, for backend failures, the backend's own return code. Messages read like
+///
+///     kft: rank 3/8 allreduce #41: timed out after 30 s waiting for rank 5
+///     kft: discover (torchrun): RANK="abc" is not an integer ...
+///
+/// so a log line alone says which layer to look at (see docs/errors.md).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include <kft/core/namespace.hpp>
+
+KFT_NAMESPACE_BEGIN
+
+/// @brief Where an error happened. Unknown fields stay at their defaults.
+struct error_site {
+  int rank = -1;        ///< global rank, -1 when not yet known (e.g. during discovery)
+  int world_size = -1;  ///< world size, -1 when not yet known
+  std::string operation;                ///< "discover", "allreduce", ...
+  std::optional<std::uint64_t> sequence;  ///< the operation's sequence number
+
+  /// @brief A site that only knows its operation (e.g. "discover" before ranks are known).
+  static error_site of(std::string op) {
+    error_site s;
+    s.operation = std::move(op);
+    return s;
+  }
+};
+
+/// @brief Base of every exception kft throws.
+class error : public std::runtime_error {
+ public:
+  error(const std::string& detail, error_site site = {}, int backend_code = 0)
+      : std::runtime_error(format(detail, site)),
+        detail_(detail),
+        site_(std::move(site)),
+        backend_code_(backend_code) {}
+
+  /// @brief The message without the "kft: rank r/n op #seq:" prefix.
+  const std::string& detail() const noexcept { return detail_; }
+  int rank() const noexcept { return site_.rank; }
+  int world_size() const noexcept { return site_.world_size; }
+  const std::string& operation() const noexcept { return site_.operation; }
+  std::optional<std::uint64_t> sequence() const noexcept { return site_.sequence; }
+  /// @brief The backend's own error code (MPI, NCCL, CUDA, errno), 0 when none.
+  int backend_code() const noexcept { return backend_code_; }
+
+ private:
+  static std::string format(const std::string& detail, const error_site& s) {
+    std::string m = "kft: ";
+    if (s.rank >= 0) {
+      m += "rank " + std::to_string(s.rank);
+      if (s.world_size > 0) m += "/" + std::to_string(s.world_size);
+      m += ' ';
+    }
+    if (!s.operation.empty()) m += s.operation;
+    if (s.sequence) m += " #" + std::to_string(*s.sequence);
+    if (s.rank >= 0 || !s.operation.empty()) m += ": ";
+    return m + detail;
+  }
+
+  std::string detail_;
+  error_site site_;
+  int backend_code_;
+};
+
+/// @brief The caller used the API wrongly (bad argument, wrong state).
+class usage_error : public error {
+  using error::error;
+};
+
+/// @brief The job's configuration or environment is malformed or inconsistent.
+///
+/// Names the variable (or option) and the offending value, e.g. `RANK="abc"`.
+class config_error : public error {
+ public:
+  config_error(std::string variable, std::string value, const std::string& detail,
+               error_site site = error_site::of("discover"))
+      : error(describe(variable, value, detail), std::move(site)),
+        variable_(std::move(variable)),
+        value_(std::move(value)) {}
+
+  /// @brief The variable or option at fault (may be empty for whole-configuration errors).
+  const std::string& variable() const noexcept { return variable_; }
+  /// @brief Its value as seen.
+  const std::string& value() const noexcept { return value_; }
+
+ private:
+  static std::string describe(const std::string& var, const std::string& val,
+                              const std::string& detail) {
+    if (var.empty()) return detail;
+    return var + "=\"" + val + "\" " + detail;
+  }
+  std::string variable_;
+  std::string value_;
+};
+
+/// @brief A wait ran past its deadline.
+class timeout_error : public error {
+  using error::error;
+};
+
+/// @brief Ranks disagree about which collective they are in (op, dtype, count, root, sequence).
+class mismatch_error : public error {
+  using error::error;
+};
+
+/// @brief The transport underneath failed (socket, shared memory, MPI, NCCL, CUDA).
+class transport_error : public error {
+  using error::error;
+};
+
+/// @brief Another rank failed or aborted the group; this rank stops instead of hanging.
+class remote_error : public error {
+  using error::error;
+};
+
+KFT_NAMESPACE_END

@@ -1,0 +1,100 @@
+/// @file kft/discovery/slurm.hpp
+/// @brief Slurm job-step environment (`srun`).
+#pragma once
+
+#include <numeric>
+#include <optional>
+
+#include <kft/discovery/backend.hpp>
+#include <kft/discovery/slurm_lists.hpp>
+
+KFT_NAMESPACE_BEGIN
+namespace discovery {
+
+/// @brief Reads `SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID`, the step's node
+/// list and tasks per node.
+///
+/// Trusted only inside a job step (`SLURM_STEP_ID` set): an `sbatch` or `salloc` shell also
+/// has `SLURM_PROCID=0` and `SLURM_LOCALID=0`, and everything it starts (mpirun's ranks,
+/// torchrun's workers) inherits those wrong values. The step-scoped variables
+/// (`SLURM_STEP_NUM_TASKS`, `SLURM_STEP_NODELIST`, ...) are preferred over the job-wide
+/// ones, because a step may use part of the allocation.
+struct slurm_env {
+  static constexpr std::string_view name = "slurm";
+  static constexpr std::string_view source = "Slurm job step environment (SLURM_PROCID, ...)";
+
+  static std::optional<world_info> detect(const environment& env) {
+    if (!env.has("SLURM_PROCID")) return std::nullopt;
+    if (!env.has("SLURM_STEP_ID") && !env.has("SLURM_STEPID")) return std::nullopt;
+    constexpr std::string_view ctx = "Slurm step environment";
+    constexpr int max_ranks = 1 << 24;
+
+    auto first_of = [&](std::initializer_list<std::string_view> names) -> std::string_view {
+      for (auto n : names)
+        if (env.has(n)) return n;
+      return {};
+    };
+
+    world_info w;
+    w.backend = std::string(name);
+    w.source = std::string(source);
+    w.hostname = env.hostname();
+
+    const auto size_var = first_of({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
+    if (size_var.empty())
+      throw config_error("SLURM_NTASKS", "", "is not set (nor SLURM_STEP_NUM_TASKS) inside a Slurm step" +
+                                                 kft::detail::context_suffix(ctx));
+    w.world_size = env_int_required(env, size_var, 1, max_ranks, ctx);
+    w.rank = env_int_required(env, "SLURM_PROCID", 0, max_ranks, ctx);
+    detail::require_below("SLURM_PROCID", w.rank, size_var, w.world_size, ctx);
+
+    // Node list and node count.
+    const auto list_var = first_of({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
+    std::vector<std::string> nodes;
+    if (!list_var.empty()) nodes = slurm::expand_hostlist(*env.get(list_var), list_var);
+    const auto count_var = first_of({"SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"});
+    if (!count_var.empty()) w.node_count = env_int_required(env, count_var, 1, max_ranks, ctx);
+    if (!nodes.empty()) {
+      const int listed = static_cast<int>(nodes.size());
+      if (w.node_count && *w.node_count != listed)
+        throw config_error(std::string(count_var), std::to_string(*w.node_count),
+                           "disagrees with " + std::string(list_var) + "=\"" + *env.get(list_var) +
+                               "\", which names " + std::to_string(listed) + " node(s)" +
+                               kft::detail::context_suffix(ctx));
+      w.node_count = listed;
+    }
+    if (w.node_count) detail::require_at_most(count_var.empty() ? list_var : count_var, *w.node_count,
+                                              size_var, w.world_size, ctx);
+    w.node_rank = env_int(env, "SLURM_NODEID", 0, max_ranks, ctx);
+    if (w.node_rank && w.node_count)
+      detail::require_below("SLURM_NODEID", *w.node_rank, count_var.empty() ? list_var : count_var,
+                            *w.node_count, ctx);
+    if (w.node_rank && static_cast<std::size_t>(*w.node_rank) < nodes.size())
+      w.node_name = nodes[static_cast<std::size_t>(*w.node_rank)];
+    if (!nodes.empty()) w.master_addr = nodes.front();
+
+    // Tasks per node gives this node's local size.
+    const auto tpn_var = first_of({"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"});
+    if (!tpn_var.empty()) {
+      auto tasks = slurm::expand_tasks_per_node(*env.get(tpn_var), tpn_var);
+      const long total = std::accumulate(tasks.begin(), tasks.end(), 0L);
+      if (total != w.world_size)
+        throw config_error(std::string(tpn_var), *env.get(tpn_var),
+                           "adds up to " + std::to_string(total) + " tasks, but " + std::string(size_var) +
+                               "=" + std::to_string(w.world_size) + kft::detail::context_suffix(ctx));
+      if (w.node_count && static_cast<int>(tasks.size()) != *w.node_count)
+        throw config_error(std::string(tpn_var), *env.get(tpn_var),
+                           "lists " + std::to_string(tasks.size()) + " node(s), but the step has " +
+                               std::to_string(*w.node_count) + kft::detail::context_suffix(ctx));
+      if (w.node_rank && static_cast<std::size_t>(*w.node_rank) < tasks.size())
+        w.local_size = tasks[static_cast<std::size_t>(*w.node_rank)];
+    }
+    w.local_rank = env_int(env, "SLURM_LOCALID", 0, max_ranks, ctx);
+    if (w.local_rank && w.local_size)
+      detail::require_below("SLURM_LOCALID", *w.local_rank, tpn_var, *w.local_size, ctx);
+    return w;
+  }
+};
+
+}  // namespace discovery
+KFT_NAMESPACE_END

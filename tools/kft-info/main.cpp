@@ -1,0 +1,176 @@
+// kft-info: prints what this rank discovered about the job and the host it runs on.
+//
+// Run it under any launcher (mpirun, srun, torchrun, kftrun, a Kubernetes pod) to see
+// which discovery backend decided, what every other backend saw, and the host's cores,
+// NUMA nodes, binding and GPUs. `--json` prints one line per rank for scripts.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <kft/discovery/json.hpp>
+#include <kft/kft.hpp>
+
+#if KFT_WITH_MPI
+#include <kft/discovery/mpi.hpp>
+#endif
+#if KFT_WITH_HWLOC
+#include <kft/topology/hwloc.hpp>
+#endif
+#if KFT_WITH_CUDA
+#include <kft/topology/cuda.hpp>
+#endif
+#if KFT_WITH_NCCL
+#include <kft/transport/nccl/nccl.hpp>
+#endif
+
+namespace {
+
+nlohmann::json build_facts() {
+  return {{"version", KFT_VERSION_STRING},
+          {"abi_namespace", KFT_ABI_NAMESPACE_STRING},
+          {"components", {{"mpi", bool(KFT_WITH_MPI)}, {"cuda", bool(KFT_WITH_CUDA)},
+                          {"nccl", bool(KFT_WITH_NCCL)}, {"hwloc", bool(KFT_WITH_HWLOC)}}}};
+}
+
+nlohmann::json host_facts() {
+  nlohmann::json j;
+#if KFT_WITH_HWLOC
+  try {
+    auto f = kft::topology::query_host();
+    j["hwloc"] = {{"api_version", f.hwloc_api_version}, {"packages", f.packages}, {"numa_nodes", f.numa_nodes},
+                  {"cores", f.cores}, {"pus", f.pus}, {"bound_cpuset", f.bound_cpuset},
+                  {"bound_pus", f.bound_pus}, {"bound_numa_nodes", f.bound_numa_nodes}};
+  } catch (const kft::error& e) {
+    j["hwloc"] = {{"error", e.what()}};
+  }
+#else
+  j["hwloc"] = {{"error", "kft built without hwloc (KFT_WITH_HWLOC=OFF)"}};
+#endif
+#if KFT_WITH_CUDA
+  auto inv = kft::topology::query_cuda_devices();
+  nlohmann::json devs = nlohmann::json::array();
+  for (const auto& d : inv.devices)
+    devs.push_back({{"index", d.index}, {"name", d.name}, {"memory_bytes", d.memory_bytes},
+                    {"compute_capability", std::to_string(d.compute_major) + "." + std::to_string(d.compute_minor)},
+                    {"pci_bus_id", d.pci_bus_id}});
+  j["cuda"] = {{"runtime_version", inv.runtime_version}, {"driver_version", inv.driver_version},
+               {"status", inv.status}, {"devices", devs}};
+#else
+  j["cuda"] = {{"status", "kft built without CUDA (KFT_WITH_CUDA=OFF)"}, {"devices", nlohmann::json::array()}};
+#endif
+#if KFT_WITH_NCCL
+  try {
+    j["nccl"] = {{"version", kft::nccl::version()}};
+  } catch (const kft::error& e) {
+    j["nccl"] = {{"error", e.what()}};
+  }
+#endif
+  return j;
+}
+
+void print_text(const kft::discovery_report& r, const nlohmann::json& host, const nlohmann::json& build) {
+  std::cout << kft::to_string(r.world);
+  std::cout << "backends (precedence order):\n";
+  for (const auto& o : r.outcomes) {
+    std::string what;
+    switch (o.status) {
+      case kft::backend_outcome::state::not_applicable: what = "-"; break;
+      case kft::backend_outcome::state::decided:
+        what = "rank " + std::to_string(o.info->rank) + " of " + std::to_string(o.info->world_size);
+        break;
+      case kft::backend_outcome::state::failed: what = "error: " + o.error; break;
+    }
+    std::printf("  %-11s %-52s %s\n", o.backend.c_str(), o.source.c_str(), what.c_str());
+  }
+  std::fflush(stdout);
+  if (host["hwloc"].contains("error")) {
+    std::cout << "host:         " << host["hwloc"]["error"].get<std::string>() << "\n";
+  } else {
+    const auto& h = host["hwloc"];
+    std::cout << "host:         " << h["packages"] << " package(s), " << h["numa_nodes"] << " NUMA node(s), "
+              << h["cores"] << " core(s), " << h["pus"] << " PU(s) (hwloc API " << h["api_version"].get<std::string>() << ")\n";
+    std::cout << "bound to:     PUs " << h["bound_cpuset"].get<std::string>() << " (" << h["bound_pus"] << " PU(s), "
+              << h["bound_numa_nodes"] << " NUMA node(s))\n";
+  }
+  const auto& c = host["cuda"];
+  if (c["devices"].empty()) {
+    std::cout << "cuda:         none (" << c["status"].get<std::string>() << ")\n";
+  } else {
+    for (const auto& d : c["devices"])
+      std::cout << "cuda:         " << d["index"] << ": " << d["name"].get<std::string>() << ", "
+                << d["memory_bytes"].get<std::size_t>() / (1u << 20) << " MiB, sm_" << d["compute_capability"].get<std::string>()
+                << ", " << d["pci_bus_id"].get<std::string>() << "\n";
+  }
+  if (host.contains("nccl"))
+    std::cout << "nccl:         " << host["nccl"].value("version", host["nccl"].value("error", "")) << "\n";
+  std::cout << "kft:          " << build["version"].get<std::string>() << " (" << build["abi_namespace"].get<std::string>() << ")\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kft-info: what this rank discovered about the job and its host"};
+  bool json = false, pretty = false;
+  std::string mpi_mode = "auto";
+  app.add_flag("--json", json, "print one JSON object on one line (for scripts)");
+  app.add_flag("--pretty", pretty, "with --json, indent the output");
+  app.add_option("--mpi", mpi_mode,
+                 "initialise MPI and ask MPI_COMM_WORLD: auto = when an MPI launcher's variables are present")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  CLI11_PARSE(app, argc, argv);
+
+  const auto env = kft::environment::process();
+#if KFT_WITH_MPI
+  const bool mpi_launched = env.has("OMPI_COMM_WORLD_SIZE") || env.has("PMIX_RANK") || env.has("PMI_SIZE");
+  const bool use_mpi = mpi_mode == "on" || (mpi_mode == "auto" && mpi_launched);
+  if (use_mpi) MPI_Init(&argc, &argv);
+#else
+  if (mpi_mode == "on") {
+    std::cerr << "kft-info: --mpi=on, but kft was built without MPI (KFT_WITH_MPI=OFF)\n";
+    return 2;
+  }
+#endif
+
+  int status = 0;
+  try {
+#if KFT_WITH_MPI
+    auto report = use_mpi ? kft::discover_report(env, kft::discovery::mpi_precedence{}) : kft::discover_report(env);
+#else
+    auto report = kft::discover_report(env);
+#endif
+    const auto host = host_facts();
+    const auto build = build_facts();
+    if (json) {
+      nlohmann::json j = report;
+      j["host"] = host;
+      j["kft"] = build;
+      // One write() per rank: lines from several ranks sharing a pipe must not interleave.
+      const std::string line = j.dump(pretty ? 2 : -1) + "\n";
+      std::fflush(stdout);
+      for (std::size_t done = 0; done < line.size();) {
+        const ssize_t n = ::write(STDOUT_FILENO, line.data() + done, line.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) throw kft::transport_error("writing to standard output failed", kft::error_site::of("kft-info"), errno);
+        done += static_cast<std::size_t>(n);
+      }
+    } else {
+      print_text(report, host, build);
+    }
+  } catch (const kft::config_error& e) {
+    std::cerr << e.what() << "\n";
+    status = 2;
+  } catch (const kft::error& e) {
+    std::cerr << e.what() << "\n";
+    status = 1;
+  }
+#if KFT_WITH_MPI
+  if (use_mpi) MPI_Finalize();
+#endif
+  return status;
+}
