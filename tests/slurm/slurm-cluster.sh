@@ -12,16 +12,19 @@
 #
 # Typical use:
 #   eval "$(tests/slurm/slurm-cluster.sh start "$d" 2)"
-#   timeout 60 srun -N 2 -n 4 --mpi=pmix ./prog
+#   OMPI_MCA_btl=self,tcp timeout 60 srun -N 2 -n 4 --ntasks-per-node=2 --mpi=pmix ./prog
 #   tests/slurm/slurm-cluster.sh stop "$d"
 #
 # Notes for callers:
-# - Each virtual node advertises CPUS_PER_NODE CPUs regardless of the real
-#   core count. A request larger than that queues forever instead of
-#   failing: pass `--immediate=N` (or -O) to srun when unsure.
-# - Open MPI direct launch needs `srun --mpi=pmix`. Across two virtual nodes
-#   (same host, different slurmd) Open MPI must not use shared memory
-#   between "nodes": export OMPI_MCA_btl=self,tcp.
+# - Each virtual node advertises CPUS_PER_NODE (8) CPUs whatever the real core
+#   count. More tasks than the whole partition has CPUs queue forever instead
+#   of failing: pass `--immediate=N` to srun when unsure (-N1 with too many
+#   tasks does fail at once).
+# - `-N 2 -n 4` alone packs the first node (3+1 tasks): add
+#   --ntasks-per-node=2 for an even split.
+# - Open MPI direct launch needs `srun --mpi=pmix`. Virtual nodes share one
+#   host name, so Open MPI would use shared memory between ranks of different
+#   nodes and crash (segfault in btl/vader): export OMPI_MCA_btl=self,tcp.
 set -euo pipefail
 
 readonly CPUS_PER_NODE=${KFT_SLURM_CPUS_PER_NODE:-8}
@@ -30,12 +33,11 @@ readonly STOP_GRACE=${KFT_SLURM_STOP_GRACE:-5}
 # auth/none is simplest (no munged); "munge" forces the fallback, for testing it.
 readonly AUTH=${KFT_SLURM_AUTH:-auto}
 readonly PLUGIN_DIRS="/usr/lib/x86_64-linux-gnu/slurm-wlm /usr/lib64/slurm /usr/lib/slurm /usr/local/lib/slurm"
-# Set in every daemon's environment (slurmstepd inherits it from slurmd), so
-# `stop` can find this cluster's processes even if a pid file is stale.
+# Set in every daemon's environment, so `stop` finds exactly this DIR's
+# daemons even if a pid file is stale or was reused.
 readonly MARKER_VAR=KFT_SLURM_CLUSTER_DIR
 
 die() { echo "slurm-cluster.sh: $*" >&2; exit 1; }
-log() { echo "slurm-cluster.sh: $*" >&2; }
 
 usage() {
     cat >&2 <<'EOF'
@@ -144,8 +146,11 @@ cmd_stop() {
     # ignores SIGTERM for a long time.
     if [[ -f $DIR/slurm.conf && -f $DIR/pids/slurmctld.pid ]] \
         && has_marker "$(<"$DIR/pids/slurmctld.pid")"; then
-        export SLURM_CONF=$DIR/slurm.conf
-        timeout 5 scancel --quiet --user="$(id -un)" >/dev/null 2>&1 || true
+        local -x SLURM_CONF=$DIR/slurm.conf
+        local jobs
+        jobs=$(timeout 5 squeue -h -o %i 2>/dev/null) || true
+        # shellcheck disable=SC2086
+        [[ -n $jobs ]] && { timeout 5 scancel --quiet $jobs >/dev/null 2>&1 || true; }
         deadline=$((SECONDS + STOP_GRACE))
         while ((SECONDS < deadline)) \
             && [[ -n $(timeout 5 squeue -h -o %i 2>/dev/null || echo timeout) ]]; do
@@ -275,9 +280,10 @@ EOF
 # Runs a daemon detached (own session, no inherited stdio: a caller doing
 # $(slurm-cluster.sh start ...) would otherwise wait on the pipe forever),
 # tagged with the marker, and records its pid in DIR/pids (DIR/run has
-# Slurm's own pid files, which the daemons delete when they exit). The working directory is DIR
-# because job steps inherit slurmd's, and the caller's may be deleted early.
-# (setsid does not fork here, so $! is the daemon itself.)
+# Slurm's own pid files, which the daemons delete when they exit). The
+# working directory is DIR because job steps inherit slurmd's, and the
+# caller's may be deleted while the cluster runs. setsid does not fork here
+# (a background job is no process group leader), so $! is the daemon itself.
 spawn() {
     local name=$1; shift
     (cd "$DIR" && exec env "$MARKER_VAR=$DIR" setsid "$@" </dev/null >>"$DIR/log/$name.out" 2>&1) &
@@ -286,8 +292,8 @@ spawn() {
 
 start_munged() {
     local munged mungekey
-    munged=$(find_bin munged) || { echo "munged not installed and auth/none unavailable" >&2; exit 77; }
-    mkdir -m 700 "$DIR/munge"
+    munged=$(find_bin munged) || { echo "slurm-cluster.sh: skip: munged not installed and auth/none unavailable" >&2; exit 77; }
+    mkdir -m 755 "$DIR/munge"
     if mungekey=$(find_bin mungekey); then
         "$mungekey" --create --keyfile="$DIR/munge/munge.key" >/dev/null 2>&1
     else
@@ -318,9 +324,9 @@ dump_logs() {
 cmd_start() {
     local nodes=$1 slurmctld slurmd auth base cluster i deadline idle p
     [[ $nodes =~ ^[1-9][0-9]*$ ]] || die "NODES must be a positive integer, got '$nodes'"
-    slurmctld=$(find_bin slurmctld) || { echo "slurmctld not installed" >&2; exit 77; }
-    slurmd=$(find_bin slurmd) || { echo "slurmd not installed" >&2; exit 77; }
-    command -v sinfo >/dev/null || { echo "sinfo not installed" >&2; exit 77; }
+    slurmctld=$(find_bin slurmctld) || { echo "slurm-cluster.sh: skip: slurmctld not installed" >&2; exit 77; }
+    slurmd=$(find_bin slurmd) || { echo "slurm-cluster.sh: skip: slurmd not installed" >&2; exit 77; }
+    command -v sinfo >/dev/null || { echo "slurm-cluster.sh: skip: sinfo not installed" >&2; exit 77; }
 
     case $AUTH in
         none | munge) auth=$AUTH ;;
@@ -337,8 +343,8 @@ cmd_start() {
     done
 
     base=$(pick_ports $((nodes + 1)))
-    # Lowercase, short, and different per start so two clusters never mix up
-    # each other's state files.
+    # Lowercase (Slurm would lowercase it) and different per start, like the ports,
+    # so that clusters in different DIRs can never be mistaken for each other.
     cluster=kft$(printf '%04x%04x' $((RANDOM)) $(($$ & 0xffff)))
     write_config "$nodes" "$base" "$cluster" "$auth"
 

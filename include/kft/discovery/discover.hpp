@@ -119,7 +119,11 @@ discovery_report discover_report(const environment& env, precedence<Bs...>) {
     const bool known = ((*report.forced == Bs::name) || ...);
     if (!known) {
       std::string names;
-      ((names += (names.empty() ? "" : "|") + std::string(Bs::name)), ...);
+      auto add = [&](std::string_view n) {
+        if (("|" + names + "|").find("|" + std::string(n) + "|") == std::string::npos)
+          names += (names.empty() ? "" : "|") + std::string(n);
+      };
+      (add(Bs::name), ...);
       throw config_error("KFT_DISCOVERY", *report.forced, "is not a discovery backend; expected one of " + names);
     }
   }

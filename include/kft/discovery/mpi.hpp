@@ -14,8 +14,10 @@
 
 #include <mpi.h>
 
+#include <charconv>
 #include <optional>
 #include <string>
+#include <system_error>
 
 #include <kft/discovery/discover.hpp>
 
@@ -54,6 +56,19 @@ struct mpi_comm {
     detail::mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
     const bool launched = env.has("OMPI_COMM_WORLD_SIZE") || env.has("PMI_SIZE") || env.has("PMIX_RANK");
     if (size == 1 && !launched) return std::nullopt;
+    // The classic mix-up: a program built against one MPI started by another MPI's launcher
+    // initialises as N singletons, each "rank 0 of 1". The launcher's own count gives it away.
+    for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+      auto v = env.get(var);
+      if (!v) continue;
+      int launched_size = 0;
+      auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), launched_size);
+      if (ec == std::errc() && p == v->data() + v->size() && launched_size != size)
+        throw config_error(var, *v,
+                           "but MPI_COMM_WORLD has " + std::to_string(size) +
+                               " rank(s): the program's MPI library does not belong to the launcher that "
+                               "started it (e.g. an MPICH build under Open MPI's mpirun)");
+    }
 
     MPI_Comm local = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local),

@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""kft-info under malformed launcher environments: each must exit 2 with a one-line message
+naming the variable and its value, never crash or print a world."""
+import os
+import subprocess
+import sys
+
+KFT_INFO = sys.argv[1]
+
+# (environment, expected exit code, text the message must contain[, kft-info options])
+CASES = [
+    ({"RANK": "abc", "WORLD_SIZE": "2"}, 2, 'RANK="abc" is not an integer'),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, 2, 'RANK="2" is not below WORLD_SIZE=2'),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, 2, 'RANK="-1" is negative'),
+    ({"RANK": "0", "WORLD_SIZE": "99999999999999999999"}, 2, 'WORLD_SIZE="99999999999999999999" is out of range'),
+    ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2"}, 2, 'RANK="" is not set'),
+    ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "3"}, 2, 'OMPI_COMM_WORLD_RANK="3" is not below',
+     ["--mpi=off"]),
+    # Launcher says 3 ranks, MPI (initialised outside mpirun: a singleton) says 1.
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3"}, 2,
+     'OMPI_COMM_WORLD_SIZE="3" but MPI_COMM_WORLD has 1 rank(s)', ["--mpi=on"], "mpi"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "node[01-03"},
+     2, 'SLURM_STEP_NODELIST="node[01-03" is not a Slurm host list'),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_STEP_ID": "0", "SLURM_TASKS_PER_NODE": "2(x3),1"},
+     2, 'SLURM_TASKS_PER_NODE="2(x3),1" adds up to 7 tasks'),
+    ({"PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "auto"}, 2, "kftrun"),
+    ({"PET_NNODES": "2", "PET_NODE_RANK": "5", "PET_NPROC_PER_NODE": "1"}, 2, 'PET_NODE_RANK="5" is not below PET_NNODES=2'),
+    ({"K_MPI_JOB_ROLE": "launcher"}, 2, "not a rank itself"),
+    ({"KFT_DISCOVERY": "pbs"}, 2, 'KFT_DISCOVERY="pbs" is not a discovery backend'),
+]
+
+# Start from a clean environment so the test's own launcher (ctest under srun, say) does not leak in.
+base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LD_LIBRARY_PATH")}
+failures = 0
+built = subprocess.run([KFT_INFO, "--json"], env=base, capture_output=True, text=True, timeout=30)
+components = __import__("json").loads(built.stdout)["kft"]["components"]
+for extra, code, text, *rest in CASES:
+    options = rest[0] if rest else []
+    if len(rest) > 1 and not components[rest[1]]:
+        print(f"skip {extra}: kft-info built without {rest[1]}")
+        continue
+    for args in (options, options + ["--json"]):
+        p = subprocess.run([KFT_INFO, *args], env={**base, **extra}, capture_output=True, text=True, timeout=30)
+        ok = p.returncode == code and text in p.stderr and p.stdout == "" and p.stderr.startswith("kft: ")
+        print(f"{'ok  ' if ok else 'FAIL'} exit={p.returncode} {extra} {' '.join(args)}\n     {p.stderr.strip()}")
+        failures += not ok
+print(f"kft_info_errors: {failures} failure(s)")
+sys.exit(1 if failures else 0)
