@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages kft's build, tests and demo use. Idempotent: installs only
+# what is missing, and runs apt-get update only then. Needs root (or sudo).
+#
+#   tools/install-deps.sh            # everything (build + tests)
+#   tools/install-deps.sh --build    # only what building and the demo need
+set -euo pipefail
+
+build_pkgs=(cmake ninja-build g++ pkg-config git
+            libcli11-dev nlohmann-json3-dev libhwloc-dev openmpi-bin libopenmpi-dev)
+test_pkgs=(libboost-test-dev
+           slurmd slurmctld slurm-client libpmix-dev   # a real Slurm cluster on localhost
+           python3-torch)                              # torchrun (Debian's /usr/bin/python3)
+
+pkgs=("${build_pkgs[@]}")
+[[ "${1:-}" == "--build" ]] || pkgs+=("${test_pkgs[@]}")
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+sudo=""
+if [[ $(id -u) != 0 ]]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root to install: ${missing[*]}" >&2; exit 1; }
+  sudo=sudo
+fi
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"
