@@ -10,7 +10,8 @@ build_pkgs=(cmake ninja-build g++ pkg-config git
             libcli11-dev nlohmann-json3-dev libhwloc-dev openmpi-bin libopenmpi-dev)
 test_pkgs=(libboost-test-dev
            slurmd slurmctld slurm-client libpmix-dev   # a real Slurm cluster on localhost
-           python3-torch)                              # torchrun (Debian's /usr/bin/python3)
+           python3-torch                               # torchrun (Debian's /usr/bin/python3)
+           procps iproute2)                            # pgrep/ps and ss, used by the Slurm script
 
 pkgs=("${build_pkgs[@]}")
 [[ "${1:-}" == "--build" ]] || pkgs+=("${test_pkgs[@]}")

@@ -121,13 +121,17 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "print one JSON object on one line (for scripts)");
   app.add_flag("--pretty", pretty, "with --json, indent the output");
   app.add_option("--mpi", mpi_mode,
-                 "initialise MPI and ask MPI_COMM_WORLD: auto = when an MPI launcher's variables are present")
+                 "initialise MPI and ask MPI_COMM_WORLD: auto = when an MPI launcher's variables are present "
+                 "and no torchrun/kftrun worker variables")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   CLI11_PARSE(app, argc, argv);
 
   const auto env = kft::environment::process();
 #if KFT_WITH_MPI
-  const bool mpi_launched = env.has("OMPI_COMM_WORLD_SIZE") || env.has("PMIX_RANK") || env.has("PMI_SIZE");
+  // A torchrun/kftrun worker inherits its agent's PMIx/PMI variables (srun --mpi=pmix torchrun
+  // ...): initialising MPI there would make every worker claim the agent's MPI rank.
+  const bool mpi_launched = (env.has("OMPI_COMM_WORLD_SIZE") || env.has("PMIX_RANK") || env.has("PMI_SIZE")) &&
+                            !env.has("TORCHELASTIC_RUN_ID");
   const bool use_mpi = mpi_mode == "on" || (mpi_mode == "auto" && mpi_launched);
   if (use_mpi) MPI_Init(&argc, &argv);
 #else

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""kft-info under malformed launcher environments: each must exit 2 with a one-line message
-naming the variable and its value, never crash or print a world."""
+"""kft-info under fixed launcher environments. Malformed ones must exit 2 with a one-line
+message naming the variable and its value, never crash or print a world; disagreeing ones
+must print the decision and every other source that disagreed."""
 import os
 import subprocess
 import sys
@@ -44,5 +45,24 @@ for extra, code, text, *rest in CASES:
         ok = p.returncode == code and text in p.stderr and p.stdout == "" and p.stderr.startswith("kft: ")
         print(f"{'ok  ' if ok else 'FAIL'} exit={p.returncode} {extra} {' '.join(args)}\n     {p.stderr.strip()}")
         failures += not ok
-print(f"kft_info_errors: {failures} failure(s)")
+# (environment, text the report must contain): disagreeing sources are shown side by side.
+SHOWS = [
+    ({"RANK": "2", "WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "r", "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+      "SLURM_STEP_ID": "0"},
+     ["backend:      torchrun", "rank:         2 of 3",
+      "slurm       Slurm job step environment (SLURM_PROCID, ...)       rank 0 of 1",
+      "says rank 0 of 1, torchrun says rank 2 of 3: torchrun takes precedence"]),
+    ({"RANK": "2", "WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "r", "KFT_DISCOVERY": "single"},
+     ["backend:      single", "forced by KFT_DISCOVERY=single"]),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7"},  # batch shell: no step
+     ["backend:      single", "rank:         0 of 1"]),
+]
+for extra, texts in SHOWS:
+    p = subprocess.run([KFT_INFO, "--mpi=off"] if components["mpi"] else [KFT_INFO], env={**base, **extra},
+                       capture_output=True, text=True, timeout=30)
+    missing = [t for t in texts if t not in p.stdout]
+    ok = p.returncode == 0 and not missing
+    print(f"{'ok  ' if ok else 'FAIL'} exit={p.returncode} {extra}" + (f"\n     missing: {missing}\n{p.stdout}" if missing else ""))
+    failures += not ok
+print(f"kft_info_env: {failures} failure(s)")
 sys.exit(1 if failures else 0)
