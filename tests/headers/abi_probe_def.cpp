@@ -1,0 +1,4 @@
+// Defines a function taking a kft type; compiled against one kft configuration.
+#include <kft/kft.hpp>
+
+int abi_probe(const kft::world_info& w) { return w.rank; }
