@@ -25,10 +25,7 @@ struct kubeflow_env {
       return std::nullopt;
     constexpr std::string_view ctx = "Kubeflow Trainer environment";
     constexpr int max_nodes = 1 << 20;
-    world_info w;
-    w.backend = std::string(name);
-    w.source = std::string(source);
-    w.hostname = env.hostname();
+    auto w = detail::start_world<kubeflow_env>(env);
     w.node_name = env.hostname();
     const int nnodes = env_int_required(env, "PET_NNODES", 1, max_nodes, ctx);
     const int node_rank = env_int_required(env, "PET_NODE_RANK", 0, max_nodes, ctx);

@@ -38,10 +38,7 @@ struct kubernetes_env {
     if (role && *role != "worker")
       throw config_error("K_MPI_JOB_ROLE", *role, "is neither \"launcher\" nor \"worker\"");
 
-    world_info w;
-    w.backend = std::string(name);
-    w.source = std::string(source);
-    w.hostname = env.hostname();
+    auto w = detail::start_world<kubernetes_env>(env);
     w.node_name = env.hostname();
     const auto pod = parse_pod_hostname(env.hostname());
 

@@ -88,10 +88,7 @@ struct mpi_comm {
     detail::mpi_check(MPI_Bcast(node, 2, MPI_INT, 0, local), "MPI_Bcast");
     MPI_Comm_free(&local);
 
-    world_info w;
-    w.backend = std::string(name);
-    w.source = std::string(source);
-    w.hostname = env.hostname();
+    auto w = kft::detail::start_world<mpi_comm>(env);
     w.rank = rank;
     w.world_size = size;
     w.local_rank = local_rank;

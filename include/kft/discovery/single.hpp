@@ -15,10 +15,7 @@ struct single_process {
   static constexpr std::string_view source = "no launcher variables found: a single process";
 
   static std::optional<world_info> detect(const environment& env) {
-    world_info w;
-    w.backend = std::string(name);
-    w.source = std::string(source);
-    w.hostname = env.hostname();
+    auto w = detail::start_world<single_process>(env);
     w.rank = 0;
     w.world_size = 1;
     w.local_rank = 0;

@@ -27,25 +27,21 @@ struct slurm_env {
     if (!env.has("SLURM_PROCID")) return std::nullopt;
     if (!env.has("SLURM_STEP_ID") && !env.has("SLURM_STEPID")) return std::nullopt;
     constexpr std::string_view ctx = "Slurm step environment";
-    constexpr int max_ranks = 1 << 24;
-
+    
     auto first_of = [&](std::initializer_list<std::string_view> names) -> std::string_view {
       for (auto n : names)
         if (env.has(n)) return n;
       return {};
     };
 
-    world_info w;
-    w.backend = std::string(name);
-    w.source = std::string(source);
-    w.hostname = env.hostname();
+    auto w = detail::start_world<slurm_env>(env);
 
     const auto size_var = first_of({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
     if (size_var.empty())
       throw config_error("SLURM_NTASKS", "", "is not set (nor SLURM_STEP_NUM_TASKS) inside a Slurm step" +
                                                  kft::detail::context_suffix(ctx));
-    w.world_size = env_int_required(env, size_var, 1, max_ranks, ctx);
-    w.rank = env_int_required(env, "SLURM_PROCID", 0, max_ranks, ctx);
+    w.world_size = env_int_required(env, size_var, 1, detail::max_ranks, ctx);
+    w.rank = env_int_required(env, "SLURM_PROCID", 0, detail::max_ranks, ctx);
     detail::require_below("SLURM_PROCID", w.rank, size_var, w.world_size, ctx);
 
     // Node list and node count.
@@ -53,7 +49,7 @@ struct slurm_env {
     std::vector<std::string> nodes;
     if (!list_var.empty()) nodes = slurm::expand_hostlist(*env.get(list_var), list_var);
     const auto count_var = first_of({"SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"});
-    if (!count_var.empty()) w.node_count = env_int_required(env, count_var, 1, max_ranks, ctx);
+    if (!count_var.empty()) w.node_count = env_int_required(env, count_var, 1, detail::max_ranks, ctx);
     if (!nodes.empty()) {
       const int listed = static_cast<int>(nodes.size());
       if (w.node_count && *w.node_count != listed)
@@ -65,7 +61,7 @@ struct slurm_env {
     }
     if (w.node_count) detail::require_at_most(count_var.empty() ? list_var : count_var, *w.node_count,
                                               size_var, w.world_size, ctx);
-    w.node_rank = env_int(env, "SLURM_NODEID", 0, max_ranks, ctx);
+    w.node_rank = env_int(env, "SLURM_NODEID", 0, detail::max_ranks, ctx);
     if (w.node_rank && w.node_count)
       detail::require_below("SLURM_NODEID", *w.node_rank, count_var.empty() ? list_var : count_var,
                             *w.node_count, ctx);
@@ -89,7 +85,7 @@ struct slurm_env {
       if (w.node_rank && static_cast<std::size_t>(*w.node_rank) < tasks.size())
         w.local_size = tasks[static_cast<std::size_t>(*w.node_rank)];
     }
-    w.local_rank = env_int(env, "SLURM_LOCALID", 0, max_ranks, ctx);
+    w.local_rank = env_int(env, "SLURM_LOCALID", 0, detail::max_ranks, ctx);
     if (w.local_rank && w.local_size)
       detail::require_below("SLURM_LOCALID", *w.local_rank, tpn_var, *w.local_size, ctx);
     return w;
