@@ -11,6 +11,7 @@
 /// so a log line alone says which layer to look at (see docs/errors.md).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -72,6 +73,16 @@ class error : public std::runtime_error {
   error_site site_;
   int backend_code_;
 };
+
+namespace detail {
+/// "30 s", "1.5 s" or "300 ms", for messages about waits.
+inline std::string describe_duration(std::chrono::milliseconds d) {
+  const auto ms = d.count();
+  if (ms < 1000) return std::to_string(ms) + " ms";
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+  return std::to_string(ms / 1000) + "." + std::to_string(ms % 1000 / 100) + " s";
+}
+}  // namespace detail
 
 /// @brief The caller used the API wrongly (bad argument, wrong state).
 class usage_error : public error {

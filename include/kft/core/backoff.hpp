@@ -1,0 +1,54 @@
+/// @file kft/core/backoff.hpp
+/// @brief Waiting politely: spin briefly, then yield, then sleep with growing pauses.
+///
+/// Tests run more ranks than cores, so a wait that only spins starves the very process it
+/// waits for. Every polling wait in kft goes through `backoff`.
+#pragma once
+
+#include <chrono>
+#include <thread>
+
+#include <kft/core/namespace.hpp>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KFT_DETAIL_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define KFT_DETAIL_CPU_RELAX() asm volatile("yield" ::: "memory")
+#else
+#define KFT_DETAIL_CPU_RELAX() ((void)0)
+#endif
+
+KFT_NAMESPACE_BEGIN
+
+/// @brief One waiter's escalating pause: `pause()` between two polls of a condition.
+class backoff {
+ public:
+  /// @param max_sleep the longest single sleep once spinning and yielding are exhausted
+  explicit backoff(std::chrono::microseconds max_sleep = std::chrono::milliseconds(20)) : max_sleep_(max_sleep) {}
+
+  void pause() {
+    if (step_ < spins) {
+      for (int i = 0; i < 16; ++i) KFT_DETAIL_CPU_RELAX();
+    } else if (step_ < spins + yields) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(sleep_);
+      sleep_ = sleep_ * 2 > max_sleep_ ? max_sleep_ : sleep_ * 2;
+    }
+    ++step_;
+  }
+  void reset() {
+    step_ = 0;
+    sleep_ = std::chrono::microseconds(50);
+  }
+
+ private:
+  static constexpr int spins = 64;
+  static constexpr int yields = 64;
+  int step_ = 0;
+  std::chrono::microseconds sleep_{50};
+  std::chrono::microseconds max_sleep_;
+};
+
+KFT_NAMESPACE_END

@@ -1,0 +1,210 @@
+/// @file kft/rendezvous/detail/socket.hpp
+/// @brief Small POSIX socket helpers with deadlines (internal to the TCP store).
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <kft/core/error.hpp>
+
+KFT_NAMESPACE_BEGIN
+namespace rendezvous::detail {
+
+using clock = std::chrono::steady_clock;
+
+/// Owns a file descriptor.
+class unique_fd {
+ public:
+  unique_fd() = default;
+  explicit unique_fd(int fd) : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~unique_fd() { reset(); }
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+inline std::string errno_text(int e) { return std::strerror(e); }
+
+inline std::string endpoint(const std::string& host, int port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+struct addrinfo_deleter {
+  void operator()(addrinfo* a) const noexcept { ::freeaddrinfo(a); }
+};
+using unique_addrinfo = std::unique_ptr<addrinfo, addrinfo_deleter>;
+
+/// Resolves host:port for TCP. Throws config_error (the address is the user's input).
+inline unique_addrinfo resolve(const std::string& host, int port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0)
+    throw config_error("address", host, std::string("cannot be resolved: ") + ::gai_strerror(rc),
+                       error_site::of("store connect"));
+  return unique_addrinfo(res);
+}
+
+inline void set_nonblocking(int fd, bool on) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+}
+
+inline void set_nodelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/// Port of a bound socket.
+inline int local_port(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+}
+
+/// "a.b.c.d:port" of a connected socket's peer.
+inline std::string peer_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  char host[INET6_ADDRSTRLEN] = {};
+  int port = 0;
+  if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    port = ntohs(a->sin6_port);
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    port = ntohs(a->sin_port);
+  }
+  return endpoint(host, port);
+}
+
+/// Binds and listens on host:port (port 0 = any free port).
+/// @throws transport_error naming the address, with a clear word for "already in use"
+inline unique_fd listen_on(const std::string& host, int port) {
+  auto res = resolve(host, port, true);
+  int last = 0;
+  for (addrinfo* a = res.get(); a != nullptr; a = a->ai_next) {
+    unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd) {
+      last = errno;
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // TIME_WAIT only, not a live listener
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 1024) != 0) {
+      last = errno;
+      continue;
+    }
+    return fd;
+  }
+  if (last == EADDRINUSE)
+    throw transport_error("cannot listen on " + endpoint(host, port) +
+                              ": address already in use (another job, or an earlier run still holding the port?)",
+                          error_site::of("store listen"), last);
+  throw transport_error("cannot listen on " + endpoint(host, port) + ": " + errno_text(last),
+                        error_site::of("store listen"), last);
+}
+
+/// Connects to host:port, retrying with backoff until `timeout` has passed.
+/// @throws timeout_error naming the address and the last error
+inline unique_fd connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  const auto deadline = clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(20);
+  std::string last = "no attempt";
+  while (true) {
+    try {
+      auto res = resolve(host, port, false);
+      for (addrinfo* a = res.get(); a != nullptr; a = a->ai_next) {
+        unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+        if (!fd) {
+          last = errno_text(errno);
+          continue;
+        }
+        set_nonblocking(fd.get(), true);
+        int rc = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+          pollfd p{fd.get(), POLLOUT, 0};
+          rc = ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left.count(), 1, 1000)));
+          if (rc == 1) {
+            int err = 0;
+            socklen_t len = sizeof err;
+            ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+            rc = err == 0 ? 0 : -1;
+            errno = err;
+          } else {
+            rc = -1;
+            errno = ETIMEDOUT;
+          }
+        }
+        if (rc == 0) {
+          set_nonblocking(fd.get(), false);
+          set_nodelay(fd.get());
+          return fd;
+        }
+        last = errno_text(errno);
+      }
+    } catch (const config_error& e) {
+      last = e.detail();  // DNS may come up late (Kubernetes headless services): keep trying
+    }
+    if (clock::now() + pause >= deadline)
+      throw timeout_error("could not reach the rendezvous store at " + endpoint(host, port) + " within " +
+                              kft::detail::describe_duration(timeout) + " (last error: " + last + ")",
+                          error_site::of("store connect"));
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+  }
+}
+
+/// Waits for `events` on fd until the deadline; false on timeout.
+inline bool wait_for(int fd, short events, clock::time_point deadline) {
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (rc > 0) return true;
+    if (rc < 0 && errno != EINTR) return true;  // let the read/write report the error
+  }
+}
+
+}  // namespace rendezvous::detail
+KFT_NAMESPACE_END

@@ -1,0 +1,321 @@
+// The rendezvous stores: the same contract checked on the memory, file and TCP stores, then
+// what only the TCP store has (tokens, addresses, a server that goes away).
+#define BOOST_TEST_MODULE kft_store
+#include <boost/test/unit_test.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <kft/core/token.hpp>
+#include <kft/rendezvous/file_store.hpp>
+#include <kft/rendezvous/memory_store.hpp>
+#include <kft/rendezvous/tcp_store.hpp>
+
+using namespace std::chrono_literals;
+namespace rdzv = kft::rendezvous;
+
+namespace {
+
+// One store kind: a factory of clients that all reach the same data.
+struct fixture_store {
+  std::string kind;
+  std::function<std::shared_ptr<rdzv::store>()> connect;
+  std::shared_ptr<void> keep_alive;  // server / directory owner
+};
+
+struct temp_dir {
+  std::filesystem::path path = std::filesystem::temp_directory_path() / ("kft-store-test-" + kft::random_token());
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+
+std::vector<fixture_store> all_stores() {
+  std::vector<fixture_store> out;
+  auto mem = std::make_shared<rdzv::memory_store>();
+  out.push_back({"memory", [mem] { return mem; }, mem});
+  auto dir = std::make_shared<temp_dir>();
+  out.push_back({"file", [dir] { return std::make_shared<rdzv::file_store>(dir->path); }, dir});
+  const auto token = kft::random_token();
+  auto server = std::make_shared<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", 0, token, {}});
+  out.push_back({"tcp",
+                 [server, token] {
+                   rdzv::tcp_store::options o;
+                   o.host = "127.0.0.1";
+                   o.port = server->port();
+                   o.token = token;
+                   return std::make_shared<rdzv::tcp_store>(o);
+                 },
+                 server});
+  return out;
+}
+
+template <class F>
+double seconds_of(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(set_get_erase_keys) {
+  for (auto& fs : all_stores()) {
+    BOOST_TEST_CONTEXT("store " << fs.kind) {
+      auto s = fs.connect();
+      BOOST_TEST(!s->try_get("a").has_value());
+      s->set("a", std::string("bytes\0with nul", 14));
+      BOOST_TEST(*s->try_get("a") == std::string("bytes\0with nul", 14));
+      s->set("a", "replaced");
+      BOOST_TEST(s->get("a", 1s) == "replaced");
+      s->set("job/b", "1");
+      s->set("job/c", "2");
+      BOOST_TEST(s->keys("job/") == std::vector<std::string>({"job/b", "job/c"}), boost::test_tools::per_element());
+      BOOST_TEST(s->erase("job/b"));
+      BOOST_TEST(!s->erase("job/b"));
+      BOOST_TEST(s->keys("job/").size() == 1u);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(waits_time_out_naming_missing_keys) {
+  for (auto& fs : all_stores()) {
+    BOOST_TEST_CONTEXT("store " << fs.kind) {
+      auto s = fs.connect();
+      s->set("here", "1");
+      const std::vector<std::string> keys{"here", "absent-1", "absent-2"};
+      double took = seconds_of([&] {
+        BOOST_CHECK_EXCEPTION(s->wait(keys, 300ms), kft::timeout_error, [&](const kft::timeout_error& e) {
+          const std::string m = e.what();
+          BOOST_TEST_INFO(m);
+          return m.find("\"absent-1\", \"absent-2\"") != std::string::npos && m.find("\"here\"") == std::string::npos &&
+                 m.find(s->describe()) != std::string::npos && m.find("300 ms") != std::string::npos;
+        });
+      });
+      BOOST_TEST(took >= 0.29);
+      BOOST_TEST(took < 5.0);
+      BOOST_CHECK_THROW((void)s->get("absent-1", 50ms), kft::timeout_error);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(get_wakes_when_another_client_sets) {
+  for (auto& fs : all_stores()) {
+    BOOST_TEST_CONTEXT("store " << fs.kind) {
+      auto reader = fs.connect();
+      auto writer = fs.connect();
+      std::thread t([&] {
+        std::this_thread::sleep_for(100ms);
+        writer->set("late", "value");
+      });
+      std::string got;
+      const double took = seconds_of([&] { got = reader->get("late", 10s); });
+      t.join();
+      BOOST_TEST(got == "value");
+      BOOST_TEST(took < 5.0);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(add_is_atomic_across_clients) {
+  for (auto& fs : all_stores()) {
+    BOOST_TEST_CONTEXT("store " << fs.kind) {
+      constexpr int threads = 5, each = 40;
+      std::vector<std::thread> pool;
+      for (int t = 0; t < threads; ++t)
+        pool.emplace_back([&] {
+          auto s = fs.connect();
+          for (int i = 0; i < each; ++i) s->add("counter", 1);
+        });
+      for (auto& t : pool) t.join();
+      auto s = fs.connect();
+      BOOST_TEST(s->add("counter", 0) == threads * each);
+      BOOST_TEST(s->add("counter", -10) == threads * each - 10);
+      s->set("text", "abc");
+      BOOST_CHECK_THROW(s->add("text", 1), kft::usage_error);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(compare_set_semantics) {
+  for (auto& fs : all_stores()) {
+    BOOST_TEST_CONTEXT("store " << fs.kind) {
+      auto s = fs.connect();
+      auto r = s->compare_set("leader", std::nullopt, "rank0");  // create if absent
+      BOOST_TEST(r.swapped);
+      r = s->compare_set("leader", std::nullopt, "rank1");  // already there
+      BOOST_TEST(!r.swapped);
+      BOOST_TEST(*r.current == "rank0");
+      r = s->compare_set("leader", std::string_view("rank0"), "rank2");
+      BOOST_TEST(r.swapped);
+      BOOST_TEST(*s->try_get("leader") == "rank2");
+      r = s->compare_set("nothing", std::string_view("x"), "y");
+      BOOST_TEST(!r.swapped);
+      BOOST_TEST(!r.current.has_value());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(prefix_scoping_and_barrier) {
+  for (auto& fs : all_stores()) {
+    BOOST_TEST_CONTEXT("store " << fs.kind) {
+      auto base = fs.connect();
+      rdzv::prefix_store round1(base, "job/round1/");
+      round1.set("x", "1");
+      BOOST_TEST(*base->try_get("job/round1/x") == "1");
+      BOOST_TEST(round1.keys("") == std::vector<std::string>({"x"}), boost::test_tools::per_element());
+      rdzv::prefix_store round2(base, "job/round2/");
+      BOOST_TEST(!round2.try_get("x").has_value());
+
+      constexpr int n = 4;
+      std::atomic<int> passed{0};
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < n; ++r)
+        ranks.emplace_back([&] {
+          rdzv::prefix_store scoped(fs.connect(), "job/round1/");
+          rdzv::barrier(scoped, "start", n, 10s);
+          ++passed;
+        });
+      for (auto& t : ranks) t.join();
+      BOOST_TEST(passed.load() == n);
+      BOOST_CHECK_EXCEPTION(rdzv::barrier(round2, "lonely", 2, 100ms), kft::timeout_error,
+                            [](const kft::timeout_error& e) {
+                              return std::string(e.what()).find("1 of 2 arrived") != std::string::npos;
+                            });
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE(tcp)
+
+BOOST_AUTO_TEST_CASE(wrong_token_is_refused_and_logged) {
+  std::mutex mu;
+  std::vector<std::string> log;
+  rdzv::tcp_store_server server({"127.0.0.1", 0, "right-token", [&](const std::string& line) {
+                                   std::lock_guard lock(mu);
+                                   log.push_back(line);
+                                 }});
+  rdzv::tcp_store::options o;
+  o.host = "127.0.0.1";
+  o.port = server.port();
+  o.token = "wrong-token";
+  o.name = "intruder";
+  BOOST_CHECK_EXCEPTION(rdzv::tcp_store{o}, kft::config_error, [&](const kft::config_error& e) {
+    const std::string m = e.what();
+    BOOST_TEST_INFO(m);
+    return e.variable() == "KFT_RDZV_TOKEN" && m.find("refused") != std::string::npos &&
+           m.find(server.address()) != std::string::npos && m.find("wrong-token") == std::string::npos;
+  });
+  BOOST_TEST(server.refused() == 1);
+  std::lock_guard lock(mu);
+  BOOST_REQUIRE(log.size() == 1u);
+  BOOST_TEST(log[0].find("refused") != std::string::npos);
+  BOOST_TEST(log[0].find("intruder") != std::string::npos);
+  BOOST_TEST(log[0].find("wrong token") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(port_in_use_is_a_clear_error) {
+  rdzv::tcp_store_server first({"127.0.0.1", 0, "t", {}});
+  BOOST_CHECK_EXCEPTION((rdzv::tcp_store_server({"127.0.0.1", first.port(), "t", {}})), kft::transport_error,
+                        [&](const kft::transport_error& e) {
+                          const std::string m = e.what();
+                          BOOST_TEST_INFO(m);
+                          return m.find("already in use") != std::string::npos &&
+                                 m.find("127.0.0.1:" + std::to_string(first.port())) != std::string::npos;
+                        });
+}
+
+BOOST_AUTO_TEST_CASE(unreachable_store_times_out_naming_the_address) {
+  int port = 0;
+  {
+    rdzv::tcp_store_server gone({"127.0.0.1", 0, "t", {}});
+    port = gone.port();
+  }  // nothing listens there now
+  rdzv::tcp_store::options o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.token = "t";
+  o.connect_timeout = 700ms;
+  const double took = seconds_of([&] {
+    BOOST_CHECK_EXCEPTION(rdzv::tcp_store{o}, kft::timeout_error, [&](const kft::timeout_error& e) {
+      const std::string m = e.what();
+      BOOST_TEST_INFO(m);
+      return m.find("127.0.0.1:" + std::to_string(port)) != std::string::npos &&
+             m.find("refused") != std::string::npos;
+    });
+  });
+  BOOST_TEST(took >= 0.6);  // it retried until the deadline...
+  BOOST_TEST(took < 3.0);   // ...and not much longer
+}
+
+BOOST_AUTO_TEST_CASE(connect_retries_until_the_server_appears) {
+  int port = 0;
+  {
+    rdzv::tcp_store_server probe({"127.0.0.1", 0, "t", {}});
+    port = probe.port();
+  }
+  std::unique_ptr<rdzv::tcp_store_server> late;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(300ms);
+    late = std::make_unique<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", port, "t", {}});
+  });
+  rdzv::tcp_store::options o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.token = "t";
+  o.connect_timeout = 10s;
+  rdzv::tcp_store client(o);
+  starter.join();
+  client.set("k", "v");
+  BOOST_TEST(*client.try_get("k") == "v");
+}
+
+BOOST_AUTO_TEST_CASE(server_gone_is_reported_as_lost_store) {
+  auto server = std::make_unique<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", 0, "t", {}});
+  rdzv::tcp_store::options o;
+  o.host = "127.0.0.1";
+  o.port = server->port();
+  o.token = "t";
+  rdzv::tcp_store client(o);
+  client.ping();
+  std::thread killer([&] {
+    std::this_thread::sleep_for(200ms);
+    server.reset();
+  });
+  BOOST_CHECK_EXCEPTION((void)client.get("never", 30s), kft::transport_error, [](const kft::transport_error& e) {
+    const std::string m = e.what();
+    BOOST_TEST_INFO(m);
+    return m.find("lost the rendezvous store") != std::string::npos;
+  });
+  killer.join();
+  BOOST_CHECK_THROW(client.ping(), kft::transport_error);
+}
+
+BOOST_AUTO_TEST_CASE(garbage_does_not_crash_the_server) {
+  rdzv::tcp_store_server server({"127.0.0.1", 0, "t", [](const std::string&) {}});
+  for (std::string junk : {std::string("\xff\xff\xff\xff", 4), std::string("GET / HTTP/1.1\r\n\r\n"), std::string(5, '\0')}) {
+    auto fd = rdzv::detail::connect_with_retry("127.0.0.1", server.port(), 2s);
+    (void)!::send(fd.get(), junk.data(), junk.size(), MSG_NOSIGNAL);
+  }
+  rdzv::tcp_store::options o;
+  o.host = "127.0.0.1";
+  o.port = server.port();
+  o.token = "t";
+  rdzv::tcp_store client(o);
+  client.set("still", "alive");
+  BOOST_TEST(client.get("still", 1s) == "alive");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_CASE(tokens_are_128_random_bits) {
+  const auto a = kft::random_token(), b = kft::random_token();
+  BOOST_TEST(a.size() == 32u);
+  BOOST_TEST(a.find_first_not_of("0123456789abcdef") == std::string::npos);
+  BOOST_TEST(a != b);
+}
