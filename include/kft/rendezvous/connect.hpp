@@ -21,7 +21,7 @@ struct store_handle {
 /// @brief Connects to the job's store.
 ///
 /// - Under kftrun: `KFT_STORE_ADDR`, `KFT_STORE_PORT` and `KFT_RDZV_TOKEN` name the store the
-///   launcher hosts.
+///   launcher hosts, and `KFT_STORE_PREFIX` scopes this restart round's keys.
 /// - Otherwise (mpirun, srun, a pod): rank 0 hosts the store at the rendezvous address
 ///   (`w.master_addr`/`w.master_port`, or `KFT_STORE_ADDR`/`KFT_STORE_PORT`), and every rank
 ///   connects with `KFT_RDZV_TOKEN`, which must then be set identically on all ranks.
@@ -57,6 +57,9 @@ inline store_handle connect_store(const world_info& w, const environment& env = 
   o.connect_timeout = timeout;
   o.name = "rank " + std::to_string(w.rank);
   h.client = std::make_shared<tcp_store>(std::move(o));
+  // kftrun scopes each restart round's keys, so a restarted job never sees stale values.
+  if (auto prefix = env.get("KFT_STORE_PREFIX"); prefix && !prefix->empty())
+    h.client = std::make_shared<prefix_store>(h.client, *prefix);
   return h;
 }
 

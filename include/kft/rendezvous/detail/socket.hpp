@@ -185,11 +185,12 @@ inline unique_fd connect_with_retry(const std::string& host, int port, std::chro
     } catch (const config_error& e) {
       last = e.detail();  // DNS may come up late (Kubernetes headless services): keep trying
     }
-    if (clock::now() + pause >= deadline)
+    const auto now = clock::now();
+    if (now >= deadline)
       throw timeout_error("could not reach the rendezvous store at " + endpoint(host, port) + " within " +
                               kft::detail::describe_duration(timeout) + " (last error: " + last + ")",
                           error_site::of("store connect"));
-    std::this_thread::sleep_for(pause);
+    std::this_thread::sleep_for(std::min<clock::duration>(pause, deadline - now));  // one last try at the deadline
     pause = std::min(pause * 2, std::chrono::milliseconds(1000));
   }
 }

@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""kftrun, run for real: real processes, real sockets on loopback, real signals.
+
+    kftrun_test.py KFTRUN KFT_INFO SCENARIO
+
+Each scenario asserts what a user would check by hand: exit status, the message, how long it
+took, and that no process of the job is left behind.
+"""
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+KFTRUN, KFT_INFO, SCENARIO = sys.argv[1], sys.argv[2], sys.argv[3]
+MARK = str(random.randint(10**8, 10**9))  # unique argument to find this test's processes
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env(**extra):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "KFT_", "RANK", "WORLD_SIZE", "TORCHELASTIC"))}
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+def start(args, **extra):
+    return subprocess.Popen([KFTRUN, *args], env=env(**extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def run(args, timeout=60, **extra):
+    t0 = time.monotonic()
+    p = subprocess.run([KFTRUN, *args], env=env(**extra), capture_output=True, text=True, timeout=timeout)
+    return p, time.monotonic() - t0
+
+
+def leftovers():
+    """Processes (other than kftrun agents) whose command line carries MARK."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if MARK in cmd and "kftrun" not in cmd and state != "Z":
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def expect(cond, what, *context):
+    if not cond:
+        print(f"FAIL: {what}")
+        for c in context:
+            print(c)
+        sys.exit(1)
+    print(f"ok: {what}")
+
+
+def no_leftovers(wait=2.0):
+    deadline = time.monotonic() + wait
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = leftovers()
+    expect(not left, "no worker process is left behind", *left)
+
+
+def wait_for_workers(count, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(leftovers()) >= count:
+            return
+        time.sleep(0.05)
+    expect(False, f"{count} workers started", *leftovers())
+
+
+# ---- scenarios ------------------------------------------------------------------------------
+
+def torch_style_worker():
+    script = ("echo RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE "
+              "GROUP_RANK=$GROUP_RANK ROLE_RANK=$ROLE_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT "
+              "RUN=$TORCHELASTIC_RUN_ID RESTART=$TORCHELASTIC_RESTART_COUNT MAX=$TORCHELASTIC_MAX_RESTARTS "
+              "OMP=$OMP_NUM_THREADS STORE=$KFT_STORE_ADDR:$KFT_STORE_PORT")
+    p, _ = run(["--nproc-per-node", "2", "--run-id", "job7", "--max-restarts", "2", "--", "sh", "-c", script])
+    expect(p.returncode == 0, "an unmodified torchrun-style worker runs to completion", p.stdout, p.stderr)
+    lines = sorted(l for l in p.stdout.splitlines() if "RANK=" in l)
+    expect(len(lines) == 2, "both workers printed one line, prefixed by their rank", p.stdout)
+    for r, line in enumerate(lines):
+        expect(line.startswith(f"[{r}]: RANK={r} LOCAL_RANK={r} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 "
+                               f"ROLE_RANK={r} MASTER_ADDR=127.0.0.1 MASTER_PORT="), f"rank {r}'s torchrun variables", line)
+        expect("RUN=job7 RESTART=0 MAX=2 OMP=1 STORE=127.0.0.1:" in line, f"rank {r}'s run id, restarts and store", line)
+        port = int(line.split("MASTER_PORT=")[1].split()[0])
+        store = int(line.split("STORE=127.0.0.1:")[1].split()[0])
+        expect(port != store, "workers' MASTER_PORT is free for their own use, not the kft store's port", line)
+
+
+def worker_fails():
+    p, took = run(["--nproc-per-node", "3", "--", "sh", "-c",
+                   f'if [ "$RANK" = 1 ]; then sleep 0.2; exit 3; fi; exec sleep {MARK}'])
+    expect(p.returncode == 3, "kftrun exits with the failing worker's status", p.returncode, p.stderr)
+    expect(took < 8, f"the job ends within seconds ({took:.2f} s)")
+    expect("rank 1 (local rank 1, node 0) on " in p.stderr and "exited with status 3" in p.stderr,
+           "the message names the rank, host and exit reason", p.stderr)
+    no_leftovers()
+
+
+def worker_killed_by_signal():
+    p, _ = run(["--nproc-per-node", "2", "--", "sh", "-c",
+                f'if [ "$RANK" = 0 ]; then kill -SEGV $$; fi; exec sleep {MARK}'])
+    expect(p.returncode == 128 + signal.SIGSEGV, "a worker killed by a signal gives 128+signal", p.returncode, p.stderr)
+    expect("was killed by signal 11 (SIGSEGV)" in p.stderr, "the message names the signal", p.stderr)
+    no_leftovers()
+
+
+def restart_once():
+    p, _ = run(["--nproc-per-node", "2", "--max-restarts", "1", "--", "sh", "-c",
+                'echo "restart=$TORCHELASTIC_RESTART_COUNT rank=$RANK"; '
+                'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 4; fi; sleep 0.2'])
+    expect(p.returncode == 0, "a worker that fails only on its first attempt leads to success", p.stdout, p.stderr)
+    expect("restart=1 rank=0" in p.stdout and "restart=1 rank=1" in p.stdout,
+           "every worker of the second attempt sees TORCHELASTIC_RESTART_COUNT=1", p.stdout)
+    expect("restarting all workers (restart 1 of 1)" in p.stderr, "the restart is announced with its cause", p.stderr)
+
+
+def restarts_exhausted():
+    p, _ = run(["--nproc-per-node", "2", "--max-restarts", "2", "--", "sh", "-c",
+                'echo "attempt $TORCHELASTIC_RESTART_COUNT"; [ "$RANK" = 0 ] && exit 9; exit 0'])
+    expect(p.returncode == 9, "after the last restart kftrun exits with the worker's status", p.returncode)
+    expect(p.stdout.count("[0]: attempt") == 3 and "[0]: attempt 2" in p.stdout, "exactly 1 + 2 attempts ran", p.stdout)
+
+
+def two_agents_restart_together():
+    port = free_port()
+    token = dict(KFT_RDZV_TOKEN="t" + MARK)
+    cmd = ['sh', '-c', 'echo "node=$GROUP_RANK restart=$TORCHELASTIC_RESTART_COUNT"; '
+                       'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 3 ]; then exit 6; fi; sleep 0.3']
+    common = ["--nnodes", "2", "--master-port", str(port), "--nproc-per-node", "2", "--max-restarts", "1"]
+    a0 = start([*common, "--node-rank", "0", "--", *cmd], **token)
+    a1 = start([*common, "--node-rank", "1", "--", *cmd], **token)
+    o0, e0 = a0.communicate(timeout=60)
+    o1, e1 = a1.communicate(timeout=60)
+    expect(a0.returncode == 0 and a1.returncode == 0, "both agents succeed after one restart", e0, e1)
+    expect("node=0 restart=1" in o0 and "node=1 restart=1" in o1, "both nodes' workers were restarted together", o0, o1)
+
+
+def agent_killed():
+    port = free_port()
+    token = dict(KFT_RDZV_TOKEN="t" + MARK)
+    common = ["--nnodes", "2", "--master-port", str(port), "--nproc-per-node", "2", "--heartbeat-timeout", "2"]
+    a0 = start([*common, "--node-rank", "0", "--", "sleep", MARK], **token)
+    a1 = start([*common, "--node-rank", "1", "--", "sleep", MARK], **token)
+    wait_for_workers(4)
+    a1.kill()
+    t0 = time.monotonic()
+    _, err = a0.communicate(timeout=30)
+    took = time.monotonic() - t0
+    a1.wait()
+    expect(a0.returncode != 0, "the surviving agent fails the job", a0.returncode, err)
+    expect(took < 6, f"it noticed the dead agent within the heartbeat timeout ({took:.2f} s)", err)
+    expect("the agent of node 1 on" in err and "stopped sending heartbeats" in err, "the message names the dead agent", err)
+    no_leftovers()  # node 1's workers die with their agent (PDEATHSIG), node 0's are stopped
+
+
+def store_host_killed():
+    port = free_port()
+    token = dict(KFT_RDZV_TOKEN="t" + MARK)
+    common = ["--nnodes", "2", "--master-port", str(port), "--nproc-per-node", "2"]
+    a0 = start([*common, "--node-rank", "0", "--", "sleep", MARK], **token)
+    a1 = start([*common, "--node-rank", "1", "--", "sleep", MARK], **token)
+    wait_for_workers(4)
+    a0.kill()
+    t0 = time.monotonic()
+    _, err = a1.communicate(timeout=30)
+    took = time.monotonic() - t0
+    expect(a1.returncode != 0, "the other agent fails the job", a1.returncode, err)
+    expect(took < 5, f"within seconds ({took:.2f} s)")
+    expect("lost the rendezvous store" in err, "the message says the store (node 0's agent) is gone", err)
+    no_leftovers()
+
+
+def terminate(sig, code):
+    a = start(["--nproc-per-node", "3", "--term-grace", "1", "--", "sh", "-c",
+               f'trap "" TERM; sh -c "sleep {MARK}" & sleep {MARK}; wait'])
+    wait_for_workers(6)
+    a.send_signal(sig)
+    t0 = time.monotonic()
+    _, err = a.communicate(timeout=30)
+    expect(a.returncode == code, f"kftrun exits with {code} after {signal.Signals(sig).name}", a.returncode, err)
+    expect(time.monotonic() - t0 < 5, "workers that ignore SIGTERM are killed after the grace period")
+    no_leftovers()
+
+
+def sigterm():
+    terminate(signal.SIGTERM, 143)
+
+
+def sigint():
+    terminate(signal.SIGINT, 130)
+
+
+def wrong_token():
+    port = free_port()
+    common = ["--nnodes", "2", "--master-port", str(port), "--rdzv-timeout", "3"]
+    a0 = start([*common, "--node-rank", "0", "--", "true"], KFT_RDZV_TOKEN="right" + MARK)
+    time.sleep(0.3)
+    p, _ = run([*common, "--node-rank", "1", "--", "true"], KFT_RDZV_TOKEN="wrong" + MARK)
+    _, err0 = a0.communicate(timeout=30)
+    expect(p.returncode == 2, "an agent with the wrong token is refused (exit 2)", p.returncode, p.stderr)
+    expect("refused by the rendezvous store" in p.stderr and "wrong" + MARK not in p.stderr,
+           "its message says refused, without printing the token", p.stderr)
+    expect("wrong token" in err0 and "refused" in err0, "the store logs the refusal", err0)
+    expect("node rank 1 of 2 did not join" in err0, "node 0 then times out naming node rank 1", err0)
+
+
+def port_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p, _ = run(["--nnodes", "2", "--node-rank", "0", "--master-port", str(port), "--", "true"],
+                   KFT_RDZV_TOKEN="t")
+    expect(p.returncode == 1, "a port already in use fails", p.returncode, p.stderr)
+    expect(f"127.0.0.1:{port}: address already in use" in p.stderr, "with the address and 'already in use'", p.stderr)
+
+
+def unreachable_master():
+    port = free_port()
+    p, took = run(["--nnodes", "2", "--node-rank", "1", "--master-port", str(port), "--rdzv-timeout", "1.5",
+                   "--", "true"], KFT_RDZV_TOKEN="t")
+    expect(p.returncode == 1, "an unreachable master fails", p.returncode, p.stderr)
+    expect(f"could not reach the rendezvous store at 127.0.0.1:{port} within 1.5 s" in p.stderr,
+           "naming the address and the timeout", p.stderr)
+    expect(1.4 < took < 5, f"after the rendezvous timeout ({took:.2f} s)")
+
+
+def gang_timeout():
+    port = free_port()
+    p, took = run(["--nnodes", "3", "--node-rank", "0", "--master-port", str(port), "--rdzv-timeout", "1.5",
+                   "--", "true"], KFT_RDZV_TOKEN="t")
+    expect(p.returncode != 0, "a job whose nodes never all join fails", p.returncode)
+    expect("node ranks 1, 2 of 3 did not join (joined: 0 on" in p.stderr, "naming the missing node ranks", p.stderr)
+    expect(took < 5, f"soon after the rendezvous timeout ({took:.2f} s)")
+
+
+def log_dir():
+    with tempfile.TemporaryDirectory() as d:
+        p, _ = run(["--nproc-per-node", "2", "--log-dir", d, "--run-id", "logs", "--", "sh", "-c",
+                    'echo "out of $RANK"; echo "err of $RANK" >&2'])
+        expect(p.returncode == 0 and "out of" not in p.stdout, "with --log-dir, output goes to files only", p.stdout)
+        for r in (0, 1):
+            with open(os.path.join(d, "logs", "attempt_0", str(r), "stdout.log")) as f:
+                expect(f.read() == f"out of {r}\n", f"rank {r}'s stdout.log")
+            with open(os.path.join(d, "logs", "attempt_0", str(r), "stderr.log")) as f:
+                expect(f.read() == f"err of {r}\n", f"rank {r}'s stderr.log")
+        p, _ = run(["--nproc-per-node", "2", "--log-dir", d, "--run-id", "tee", "--tee", "--", "sh", "-c",
+                    'echo "out of $RANK"'])
+        expect("[1]: out of 1" in p.stdout and os.path.exists(os.path.join(d, "tee", "attempt_0", "1", "stdout.log")),
+               "with --tee, both", p.stdout)
+
+
+def bad_input():
+    for args, extra, text in [
+        (["--nnodes", "2", "--node-rank", "2", "--", "true"], {"KFT_RDZV_TOKEN": "t"}, '--node-rank="2" is not below --nnodes=2'),
+        (["--nproc-per-node", "abc", "--", "true"], {}, '--nproc-per-node="abc" is not a positive integer, auto, cpu or gpu'),
+        (["--nproc-per-node", "0", "--", "true"], {}, '--nproc-per-node="0"'),
+        (["--nnodes", "2", "--", "true"], {}, 'KFT_RDZV_TOKEN="" is not set'),
+        (["--max-restarts", "-1", "--", "true"], {}, "--max-restarts"),
+        (["--nproc-per-node", "2"], {}, "program"),
+    ]:
+        p, _ = run(args, **extra)
+        expect(p.returncode == 2 and text in p.stderr, f"refused with exit 2: {' '.join(args)}", p.returncode, p.stderr)
+    p, _ = run(["--nproc-per-node", "1", "--", "/nonexistent/program" + MARK])
+    expect(p.returncode == 127 and "could not start \"/nonexistent/program" in p.stderr and
+           "No such file or directory" in p.stderr, "a program that cannot start: exit 127 and why", p.returncode,
+           p.stderr)
+
+
+def pet_environment_forms():
+    # The PET_* forms alone (what a TrainJob pod has), plus one flag overriding its variable.
+    p, _ = run(["--nproc-per-node", "2", "--", "sh", "-c", 'echo "$RANK/$WORLD_SIZE"'], PET_NPROC_PER_NODE="5",
+               PET_MAX_RESTARTS="0")
+    expect(p.returncode == 0 and p.stdout.count("/2") == 2, "a flag wins over its PET_* variable", p.stdout, p.stderr)
+    p, _ = run(["--", "sh", "-c", 'echo "$RANK/$WORLD_SIZE restarts=$TORCHELASTIC_MAX_RESTARTS"'],
+               PET_NPROC_PER_NODE="3", PET_MAX_RESTARTS="4")
+    expect(p.returncode == 0 and p.stdout.count("/3 restarts=4") == 3, "PET_NPROC_PER_NODE and PET_MAX_RESTARTS are read",
+           p.stdout, p.stderr)
+
+
+SCENARIOS = {f.__name__: f for f in [
+    torch_style_worker, worker_fails, worker_killed_by_signal, restart_once, restarts_exhausted,
+    two_agents_restart_together, agent_killed, store_host_killed, sigterm, sigint, wrong_token, port_in_use,
+    unreachable_master, gang_timeout, log_dir, bad_input, pet_environment_forms]}
+
+if __name__ == "__main__":
+    try:
+        SCENARIOS[SCENARIO]()
+    finally:
+        for line in leftovers():  # never leave anything behind, even on failure
+            try:
+                os.kill(int(line.split(":")[0]), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+    print(f"kftrun_test {SCENARIO}: 1 passed, 0 failed")

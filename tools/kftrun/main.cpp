@@ -1,0 +1,145 @@
+// kftrun: start a kft (or torch-style) program on every node, torchrun's way, for C++ binaries.
+//
+//   kftrun --nproc-per-node 4 -- ./train --epochs 3
+//   kftrun --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 -- ./train
+//
+// Every flag also reads its PET_* environment form (PET_NNODES, PET_NPROC_PER_NODE, ...), so a
+// Kubeflow TrainJob pod running the stock torch runtime can run `kftrun -- program` unchanged.
+// See docs/launching.md for the environment each worker gets and the failure semantics.
+#include <signal.h>
+#include <sys/prctl.h>
+
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include <kft/core/parse.hpp>
+#include <kft/kft.hpp>
+#if KFT_WITH_CUDA
+#include <kft/topology/cuda.hpp>
+#endif
+
+#include "agent.hpp"
+
+namespace {
+
+void on_signal(int sig) {
+  int expected = 0;
+  kftrun::g_signal.compare_exchange_strong(expected, sig);
+}
+
+// --nproc-per-node: a number, or auto (GPUs if any, else CPU cores), gpu, cpu.
+int resolve_nproc(const std::string& value) {
+  auto gpus = []() -> int {
+#if KFT_WITH_CUDA
+    return static_cast<int>(kft::topology::query_cuda_devices().devices.size());
+#else
+    return 0;
+#endif
+  };
+  auto cpus = [] { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); };
+  if (value == "auto") return gpus() > 0 ? gpus() : cpus();
+  if (value == "cpu") return cpus();
+  if (value == "gpu") {
+    const int n = gpus();
+    if (n == 0) throw kft::config_error("--nproc-per-node", value, "asks for one process per GPU, but no CUDA device is visible");
+    return n;
+  }
+  try {
+    return static_cast<int>(kft::detail::parse_integer("--nproc-per-node", value, 1, 1 << 16, ""));
+  } catch (const kft::config_error&) {
+    throw kft::config_error("--nproc-per-node", value, "is not a positive integer, auto, cpu or gpu");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kftrun: start a program on every node of a job, torchrun's way (docs/launching.md)"};
+  app.set_version_flag("--version", std::string("kftrun (kft ") + KFT_VERSION_STRING + ")");
+  kftrun::options o;
+  std::string nproc = "1";
+  double rdzv_timeout = 300, monitor = 0.1, heartbeat = 5, grace = 5;
+  bool standalone = false;
+  std::optional<int> port;
+  std::string log_dir;
+  app.add_option("--nproc-per-node,--nproc_per_node", nproc, "workers on this node: N, auto, cpu or gpu")
+      ->envname("PET_NPROC_PER_NODE")->capture_default_str();
+  app.add_option("--nnodes", o.nnodes, "number of nodes (agents) in the job")->envname("PET_NNODES")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--node-rank,--node_rank", o.node_rank, "this node's index, 0..nnodes-1")->envname("PET_NODE_RANK")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--master-addr,--master_addr", o.master_addr, "address of node 0, where the store listens")
+      ->envname("PET_MASTER_ADDR")->capture_default_str();
+  app.add_option("--master-port,--master_port", port, "store port on node 0 (default: 29500; any free port on one node)")
+      ->envname("PET_MASTER_PORT")->check(CLI::Range(1, 65535));
+  app.add_option("--max-restarts,--max_restarts", o.max_restarts, "restart every worker group this many times at most")
+      ->envname("PET_MAX_RESTARTS")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--rdzv-timeout,--rdzv_timeout", rdzv_timeout, "seconds to wait for every node to join")
+      ->envname("PET_RDZV_TIMEOUT")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", o.run_id, "job id shared by all agents")
+      ->envname("PET_RUN_ID")->capture_default_str();
+  app.add_option("--log-dir,--log_dir", log_dir, "write each rank's stdout/stderr under this directory")
+      ->envname("PET_LOG_DIR");
+  app.add_flag("--tee", o.tee, "with --log-dir, also relay output to the console")->envname("PET_TEE");
+  app.add_option("--monitor-interval,--monitor_interval", monitor, "seconds between checks of the workers")
+      ->envname("PET_MONITOR_INTERVAL")->check(CLI::Range(0.01, 60.0))->capture_default_str();
+  app.add_option("--heartbeat-timeout", heartbeat, "seconds without a heartbeat before an agent counts as dead")
+      ->envname("KFT_HEARTBEAT_TIMEOUT")->check(CLI::Range(0.5, 3600.0))->capture_default_str();
+  app.add_option("--term-grace", grace, "seconds between SIGTERM and SIGKILL when stopping workers")
+      ->envname("KFT_TERM_GRACE")->check(CLI::Range(0.0, 3600.0))->capture_default_str();
+  app.add_flag("--standalone", standalone, "single node, any free port (the default when --nnodes is 1)");
+  app.add_option("program", o.program, "the program and its arguments (after --)")->required();
+  app.positionals_at_end();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  try {
+    o.nproc_per_node = resolve_nproc(nproc);
+    if (o.node_rank >= o.nnodes)
+      throw kft::config_error("--node-rank", std::to_string(o.node_rank),
+                              "is not below --nnodes=" + std::to_string(o.nnodes));
+    if (standalone && o.nnodes != 1)
+      throw kft::config_error("--standalone", "", "means a single node, but --nnodes=" + std::to_string(o.nnodes));
+    o.master_port = port ? *port : (o.nnodes == 1 ? 0 : 29500);
+    o.rdzv_timeout = std::chrono::milliseconds(static_cast<long long>(rdzv_timeout * 1000));
+    o.monitor_interval = std::chrono::milliseconds(static_cast<long long>(monitor * 1000));
+    o.heartbeat_timeout = std::chrono::milliseconds(static_cast<long long>(heartbeat * 1000));
+    o.term_grace = std::chrono::milliseconds(static_cast<long long>(grace * 1000));
+    if (!log_dir.empty()) o.log_dir = log_dir;
+    if (const char* t = std::getenv("KFT_RDZV_TOKEN"); t != nullptr && *t != '\0') {
+      o.token = t;
+    } else if (o.nnodes == 1) {
+      o.token = kft::random_token();
+    } else {
+      throw kft::config_error("KFT_RDZV_TOKEN", "",
+                              "is not set: with --nnodes > 1 every agent must present the same secret to the store; "
+                              "set KFT_RDZV_TOKEN to one random value on all nodes (kft-manifest does)");
+    }
+  } catch (const kft::config_error& e) {
+    std::fprintf(stderr, "kftrun: %s\n", e.what());
+    return 2;
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  ::sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // orphaned grandchildren come back to us to be reaped
+
+  try {
+    return kftrun::agent(std::move(o)).run();
+  } catch (const kft::config_error& e) {
+    std::fprintf(stderr, "kftrun: %s\n", e.what());
+    return 2;
+  } catch (const kft::error& e) {
+    std::fprintf(stderr, "kftrun: %s\n", e.what());
+    return 1;
+  }
+}
