@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <kft/core/token.hpp>
+#include <kft/rendezvous/connect.hpp>
 #include <kft/rendezvous/file_store.hpp>
 #include <kft/rendezvous/memory_store.hpp>
 #include <kft/rendezvous/tcp_store.hpp>
@@ -309,6 +310,56 @@ BOOST_AUTO_TEST_CASE(garbage_does_not_crash_the_server) {
   rdzv::tcp_store client(o);
   client.set("still", "alive");
   BOOST_TEST(client.get("still", 1s) == "alive");
+}
+
+BOOST_AUTO_TEST_CASE(rank0_host_keeps_the_store_until_every_rank_left) {
+  int port = 0;
+  {
+    rdzv::tcp_store_server probe({"127.0.0.1", 0, "t", {}});
+    port = probe.port();
+  }
+  kft::world_info w0, w1;
+  w0.rank = 0;
+  w1.rank = 1;
+  w0.world_size = w1.world_size = 2;
+  w0.master_addr = w1.master_addr = "127.0.0.1";
+  w0.master_port = w1.master_port = port;
+  const kft::environment env(kft::environment::map_type{{"KFT_RDZV_TOKEN", "t"}});
+  auto host = std::make_unique<rdzv::store_handle>(rdzv::connect_store(w0, env));
+  BOOST_TEST(host->server != nullptr);
+  auto other = rdzv::connect_store(w1, env);
+  BOOST_TEST(other.server == nullptr);
+  // Rank 0 finishes first; rank 1 still needs the store for a while.
+  const double took = seconds_of([&] {
+    std::thread leave([&] { host.reset(); });
+    std::this_thread::sleep_for(300ms);
+    other.client->set("late", "still served");
+    BOOST_TEST(*other.client->try_get("late") == "still served");
+    other.client.reset();  // rank 1 is done
+    leave.join();
+  });
+  BOOST_TEST(took >= 0.29);
+  BOOST_TEST(took < 5.0);
+}
+
+BOOST_AUTO_TEST_CASE(connect_store_uses_kftrun_variables_and_prefix) {
+  rdzv::tcp_store_server server({"127.0.0.1", 0, "tok", {}});
+  const kft::environment env(kft::environment::map_type{{"KFT_RDZV_TOKEN", "tok"},
+                                                        {"KFT_STORE_ADDR", "127.0.0.1"},
+                                                        {"KFT_STORE_PORT", std::to_string(server.port())},
+                                                        {"KFT_STORE_PREFIX", "kftrun/job/r1/user/"}});
+  kft::world_info w;
+  auto h = rdzv::connect_store(w, env);
+  BOOST_TEST(h.server == nullptr);
+  h.client->set("k", "v");
+  rdzv::tcp_store::options o;
+  o.host = "127.0.0.1";
+  o.port = server.port();
+  o.token = "tok";
+  rdzv::tcp_store raw(o);
+  BOOST_TEST(*raw.try_get("kftrun/job/r1/user/k") == "v");
+  BOOST_CHECK_EXCEPTION(rdzv::connect_store(w, kft::environment{}), kft::config_error,
+                        [](const kft::config_error& e) { return e.variable() == "KFT_RDZV_TOKEN"; });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

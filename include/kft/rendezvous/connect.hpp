@@ -13,9 +13,22 @@ KFT_NAMESPACE_BEGIN
 namespace rendezvous {
 
 /// @brief A connection to the job's store; on rank 0 without a launcher it also owns the server.
+///
+/// Where it owns the server, destruction first closes this process's own connection, then
+/// waits (up to `drain_timeout`) for every other rank to disconnect, so that a rank 0 that
+/// finishes first does not take the store away from ranks still using it.
 struct store_handle {
   std::shared_ptr<store> client;
   std::unique_ptr<tcp_store_server> server;  ///< set only where this process hosts the store
+  std::chrono::milliseconds drain_timeout = std::chrono::seconds(60);
+
+  store_handle() = default;
+  store_handle(store_handle&&) noexcept = default;
+  store_handle& operator=(store_handle&&) noexcept = default;
+  ~store_handle() {
+    client.reset();
+    if (server) server->drain(drain_timeout);
+  }
 };
 
 /// @brief Connects to the job's store.
@@ -34,7 +47,8 @@ inline store_handle connect_store(const world_info& w, const environment& env = 
   if (!token || token->empty())
     throw config_error("KFT_RDZV_TOKEN", token.value_or(""),
                        "is not set: the job's store needs a shared token (kftrun sets it; otherwise set the "
-                       "same secret on every rank)");
+                       "same secret on every rank)",
+                       error_site::of("store connect"));
   store_handle h;
   std::string host;
   int port = 0;
@@ -45,7 +59,8 @@ inline store_handle connect_store(const world_info& w, const environment& env = 
     if (!w.master_addr || !w.master_port)
       throw config_error("KFT_STORE_ADDR", "",
                          "is not set and the launcher gave no rendezvous address (MASTER_ADDR/MASTER_PORT): "
-                         "cannot tell where rank 0's store is");
+                         "cannot tell where rank 0's store is",
+                         error_site::of("store connect"));
     host = *w.master_addr;
     port = *w.master_port;
     if (w.rank == 0) h.server = std::make_unique<tcp_store_server>(tcp_store_server::options{host, port, *token, {}});

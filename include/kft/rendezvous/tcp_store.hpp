@@ -169,6 +169,20 @@ class tcp_store_server {
   std::string address() const { return detail::endpoint(opt_.host, port_); }
   /// @brief Connections refused for a wrong token so far.
   int refused() const noexcept { return refused_.load(); }
+  /// @brief Clients connected right now.
+  int connected() const noexcept { return connected_.load(); }
+
+  /// @brief Waits until every client has disconnected (or `timeout` passed): a process that
+  /// hosts the store calls this before it exits, so no rank loses the store mid-request.
+  /// @return true when all left in time
+  bool drain(std::chrono::milliseconds timeout) const {
+    const auto deadline = detail::clock::now() + timeout;
+    while (connected_.load() > 0) {
+      if (detail::clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  }
 
  private:
   struct client {
@@ -215,6 +229,7 @@ class tcp_store_server {
       }
       expire_waiters(clients);
       std::erase_if(clients, [](const std::unique_ptr<client>& c) { return c->closing && c->out.empty(); });
+      connected_.store(static_cast<int>(clients.size()));
     }
   }
 
@@ -435,6 +450,7 @@ class tcp_store_server {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> refused_{0};
+  std::atomic<int> connected_{0};
   std::map<std::string, std::string, std::less<>> data_;  // only touched by the server thread
   std::thread thread_;
 };
