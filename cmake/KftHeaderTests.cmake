@@ -5,14 +5,8 @@
 # <target>. Headers of a component whose target does not exist are left out; CUDA and NCCL
 # headers are compiled a second time by nvcc when the CUDA language is enabled.
 
-# Which component (target) a header needs, by path under include/kft.
-set(_kft_header_needs
-  "discovery/mpi.hpp=kft::mpi"
-  "topology/hwloc.hpp=kft::hwloc"
-  "topology/cuda.hpp=kft::cuda"
-  "transport/nccl/=kft::nccl"
-  "discovery/json.hpp=nlohmann_json::nlohmann_json")
-
+# A header's component comes from the header itself: component headers refuse to compile
+# with `#if !KFT_WITH_<COMP>` + `#error`, and that line names the target they need.
 function(kft_add_header_tests target include_root)
   file(GLOB_RECURSE headers RELATIVE "${include_root}" CONFIGURE_DEPENDS
        "${include_root}/kft/*.hpp" "${include_root}/kft/*.cuh")
@@ -22,16 +16,14 @@ function(kft_add_header_tests target include_root)
   set(libs kft::kft)
   set(skipped)
   foreach(h IN LISTS headers)
+    file(READ "${include_root}/${h}" text)
     set(needs "")
-    foreach(rule IN LISTS _kft_header_needs)
-      string(REPLACE "=" ";" rule "${rule}")
-      list(GET rule 0 pattern)
-      list(GET rule 1 dep)
-      string(FIND "${h}" "kft/${pattern}" pos)
-      if(pos EQUAL 0)
-        set(needs ${dep})
-      endif()
-    endforeach()
+    if(text MATCHES "#if !KFT_WITH_([A-Z]+)")
+      string(TOLOWER "${CMAKE_MATCH_1}" comp)
+      set(needs kft::${comp})
+    elseif(text MATCHES "#include <nlohmann/json.hpp>")
+      set(needs nlohmann_json::nlohmann_json)
+    endif()
     if(needs AND NOT TARGET ${needs})
       list(APPEND skipped ${h})
       continue()

@@ -298,7 +298,38 @@ def pet_environment_forms():
            p.stdout, p.stderr)
 
 
+def signal_stops_every_node():
+    # SIGTERM to one agent of two, with restarts left: the whole job stops, nobody restarts.
+    port = free_port()
+    token = dict(KFT_RDZV_TOKEN="t" + MARK)
+    common = ["--nnodes", "2", "--master-port", str(port), "--nproc-per-node", "1", "--max-restarts", "3",
+              "--term-grace", "1"]
+    a0 = start([*common, "--node-rank", "0", "--", "sleep", MARK], **token)
+    a1 = start([*common, "--node-rank", "1", "--", "sleep", MARK], **token)
+    wait_for_workers(2)
+    a1.terminate()
+    t0 = time.monotonic()
+    _, e0 = a0.communicate(timeout=30)
+    _, e1 = a1.communicate(timeout=30)
+    expect(a1.returncode == 143, "the signalled agent exits 143", a1.returncode, e1)
+    expect(a0.returncode == 143 and "the agent of node 1 on" in e0 and "received SIGTERM" in e0,
+           "the other agent stops too, saying why, without restarting", a0.returncode, e0)
+    expect("restarting" not in e0 and time.monotonic() - t0 < 10, "no restart was attempted", e0)
+    no_leftovers()
+
+
+def nproc_auto():
+    import json
+    info = json.loads(subprocess.run([KFT_INFO, "--json"], capture_output=True, text=True, env=env()).stdout)
+    gpus = len(info["host"]["cuda"]["devices"])
+    expected = gpus if gpus > 0 else os.cpu_count()
+    p, _ = run(["--", "sh", "-c", 'echo "size=$WORLD_SIZE"'], PET_NPROC_PER_NODE="auto")
+    expect(p.returncode == 0 and p.stdout.count(f"size={expected}") == expected,
+           f"--nproc-per-node auto = visible GPUs, else CPU cores ({expected} here)", p.stdout, p.stderr)
+
+
 SCENARIOS = {f.__name__: f for f in [
+    signal_stops_every_node, nproc_auto,
     torch_style_worker, worker_fails, worker_killed_by_signal, restart_once, restarts_exhausted,
     two_agents_restart_together, agent_killed, store_host_killed, sigterm, sigint, wrong_token, port_in_use,
     unreachable_master, gang_timeout, log_dir, bad_input, pet_environment_forms]}

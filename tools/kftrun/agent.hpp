@@ -220,6 +220,7 @@ class agent {
         report_failure(attempt, failure::make({{"node", std::to_string(opt_.node_rank)},
                                                {"host", host_},
                                                {"code", std::to_string(128 + sig)},
+                                               {"final", "1"},  // a stopped job is not restarted
                                                {"agent", std::string("received SIG") + ::sigabbrev_np(sig)}}));
         group.kill_all(opt_.term_grace);
         out.message = std::string("received SIG") + ::sigabbrev_np(sig) + ": stopped the local workers";
@@ -231,6 +232,7 @@ class agent {
           const auto rec = failure::parse(*f);
           out.code = rec.code();
           if (rec.get("agent").find("heartbeat") != std::string::npos) out.dead_node = std::stoi(rec.get("node"));
+          out.fatal = rec.get("final") == "1";
           out.message = describe(rec);
           return out;
         }
