@@ -86,6 +86,24 @@ def wait_for_workers(count, timeout=20):
     expect(False, f"{count} workers started", *leftovers())
 
 
+def two_agents(flags, program):
+    """Starts node 0 and node 1 agents of a 2-node job on loopback, sharing a token."""
+    port = free_port()
+    token = dict(KFT_RDZV_TOKEN="t" + MARK)
+    common = ["--nnodes", "2", "--master-port", str(port), *flags]
+    return [start([*common, "--node-rank", str(n), "--", *program], **token) for n in (0, 1)]
+
+
+def kill_one(agents, victim, survivor):
+    """Kills agent `victim` once all 4 workers run; returns (survivor's stderr, seconds to its exit)."""
+    wait_for_workers(4)
+    agents[victim].kill()
+    t0 = time.monotonic()
+    _, err = agents[survivor].communicate(timeout=30)
+    agents[victim].wait()
+    return err, time.monotonic() - t0
+
+
 # ---- scenarios ------------------------------------------------------------------------------
 
 def torch_style_worker():
@@ -142,13 +160,9 @@ def restarts_exhausted():
 
 
 def two_agents_restart_together():
-    port = free_port()
-    token = dict(KFT_RDZV_TOKEN="t" + MARK)
     cmd = ['sh', '-c', 'echo "node=$GROUP_RANK restart=$TORCHELASTIC_RESTART_COUNT"; '
                        'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 3 ]; then exit 6; fi; sleep 0.3']
-    common = ["--nnodes", "2", "--master-port", str(port), "--nproc-per-node", "2", "--max-restarts", "1"]
-    a0 = start([*common, "--node-rank", "0", "--", *cmd], **token)
-    a1 = start([*common, "--node-rank", "1", "--", *cmd], **token)
+    a0, a1 = two_agents(["--nproc-per-node", "2", "--max-restarts", "1"], cmd)
     o0, e0 = a0.communicate(timeout=60)
     o1, e1 = a1.communicate(timeout=60)
     expect(a0.returncode == 0 and a1.returncode == 0, "both agents succeed after one restart", e0, e1)
@@ -156,35 +170,18 @@ def two_agents_restart_together():
 
 
 def agent_killed():
-    port = free_port()
-    token = dict(KFT_RDZV_TOKEN="t" + MARK)
-    common = ["--nnodes", "2", "--master-port", str(port), "--nproc-per-node", "2", "--heartbeat-timeout", "2"]
-    a0 = start([*common, "--node-rank", "0", "--", "sleep", MARK], **token)
-    a1 = start([*common, "--node-rank", "1", "--", "sleep", MARK], **token)
-    wait_for_workers(4)
-    a1.kill()
-    t0 = time.monotonic()
-    _, err = a0.communicate(timeout=30)
-    took = time.monotonic() - t0
-    a1.wait()
-    expect(a0.returncode != 0, "the surviving agent fails the job", a0.returncode, err)
+    agents = two_agents(["--nproc-per-node", "2", "--heartbeat-timeout", "2"], ["sleep", MARK])
+    err, took = kill_one(agents, victim=1, survivor=0)
+    expect(agents[0].returncode != 0, "the surviving agent fails the job", agents[0].returncode, err)
     expect(took < 6, f"it noticed the dead agent within the heartbeat timeout ({took:.2f} s)", err)
     expect("the agent of node 1 on" in err and "stopped sending heartbeats" in err, "the message names the dead agent", err)
     no_leftovers()  # node 1's workers die with their agent (PDEATHSIG), node 0's are stopped
 
 
 def store_host_killed():
-    port = free_port()
-    token = dict(KFT_RDZV_TOKEN="t" + MARK)
-    common = ["--nnodes", "2", "--master-port", str(port), "--nproc-per-node", "2"]
-    a0 = start([*common, "--node-rank", "0", "--", "sleep", MARK], **token)
-    a1 = start([*common, "--node-rank", "1", "--", "sleep", MARK], **token)
-    wait_for_workers(4)
-    a0.kill()
-    t0 = time.monotonic()
-    _, err = a1.communicate(timeout=30)
-    took = time.monotonic() - t0
-    expect(a1.returncode != 0, "the other agent fails the job", a1.returncode, err)
+    agents = two_agents(["--nproc-per-node", "2"], ["sleep", MARK])
+    err, took = kill_one(agents, victim=0, survivor=1)
+    expect(agents[1].returncode != 0, "the other agent fails the job", agents[1].returncode, err)
     expect(took < 5, f"within seconds ({took:.2f} s)")
     expect("lost the rendezvous store" in err, "the message says the store (node 0's agent) is gone", err)
     no_leftovers()
@@ -300,12 +297,7 @@ def pet_environment_forms():
 
 def signal_stops_every_node():
     # SIGTERM to one agent of two, with restarts left: the whole job stops, nobody restarts.
-    port = free_port()
-    token = dict(KFT_RDZV_TOKEN="t" + MARK)
-    common = ["--nnodes", "2", "--master-port", str(port), "--nproc-per-node", "1", "--max-restarts", "3",
-              "--term-grace", "1"]
-    a0 = start([*common, "--node-rank", "0", "--", "sleep", MARK], **token)
-    a1 = start([*common, "--node-rank", "1", "--", "sleep", MARK], **token)
+    a0, a1 = two_agents(["--nproc-per-node", "1", "--max-restarts", "3", "--term-grace", "1"], ["sleep", MARK])
     wait_for_workers(2)
     a1.terminate()
     t0 = time.monotonic()

@@ -4,20 +4,14 @@
 #define BOOST_TEST_MODULE kft_discovery_mpi
 #include <boost/test/unit_test.hpp>
 
+#include "mpi_session.hpp"
+
 #include <mpi.h>
 
 #include <vector>
 
 #include <kft/discovery/mpi.hpp>
 
-namespace {
-// MPI is initialised once per process, around every test case.
-struct mpi_session {
-  mpi_session() { MPI_Init(nullptr, nullptr); }
-  ~mpi_session() { MPI_Finalize(); }
-};
-}  // namespace
-BOOST_TEST_GLOBAL_FIXTURE(mpi_session);
 
 BOOST_AUTO_TEST_CASE(matches_mpi_comm_world) {
   int rank = -1, size = -1;

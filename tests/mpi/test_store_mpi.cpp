@@ -2,6 +2,8 @@
 #define BOOST_TEST_MODULE kft_store_mpi
 #include <boost/test/unit_test.hpp>
 
+#include "mpi_session.hpp"
+
 #include <mpi.h>
 
 #include <string>
@@ -11,13 +13,6 @@
 
 using namespace std::chrono_literals;
 
-namespace {
-struct mpi_session {
-  mpi_session() { MPI_Init(nullptr, nullptr); }
-  ~mpi_session() { MPI_Finalize(); }
-};
-}  // namespace
-BOOST_TEST_GLOBAL_FIXTURE(mpi_session);
 
 BOOST_AUTO_TEST_CASE(every_rank_reaches_one_store) {
   int rank = 0, size = 1;

@@ -104,15 +104,7 @@ class file_store final : public store {
   [[noreturn]] void fail(const std::string& what) const {
     throw transport_error(what, error_site::of("file store"), errno);
   }
-  static std::string encode(std::string_view key) {
-    static constexpr char hex[] = "0123456789abcdef";
-    std::string s;
-    for (unsigned char c : key) {
-      s += hex[c >> 4];
-      s += hex[c & 15];
-    }
-    return s;
-  }
+  static std::string encode(std::string_view key) { return kft::detail::to_hex(key); }
   static std::string decode(std::string_view h) {
     auto nib = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
     std::string s;
