@@ -4,6 +4,9 @@
 #
 #   tools/install-deps.sh            # everything (build + tests)
 #   tools/install-deps.sh --build    # only what building and the demo need
+#   tools/install-deps.sh --bench    # build + tests + the benchmarks' peers and plots
+#   tools/install-deps.sh --build --bench   # build + benchmarks, no test packages
+# The test suite never needs the --bench packages: Gloo is an optional peer in bench/CMakeLists.txt.
 set -euo pipefail
 
 build_pkgs=(cmake ninja-build g++ pkg-config git
@@ -13,8 +16,20 @@ test_pkgs=(libboost-test-dev
            python3-torch                               # torchrun (Debian's /usr/bin/python3)
            procps iproute2)                            # pgrep/ps and ss, used by the Slurm script
 
+bench_pkgs=(libgloo-dev                                # Gloo, a peer in allreduce_perf
+            python3-matplotlib)                        # bench/plot_perf.py (Debian's /usr/bin/python3)
+
+only_build=0 bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --build) only_build=1 ;;
+    --bench) bench=1 ;;
+    *) echo "install-deps: unknown argument $arg (use --build and/or --bench)" >&2; exit 2 ;;
+  esac
+done
 pkgs=("${build_pkgs[@]}")
-[[ "${1:-}" == "--build" ]] || pkgs+=("${test_pkgs[@]}")
+((only_build)) || pkgs+=("${test_pkgs[@]}")
+((bench == 0)) || pkgs+=("${bench_pkgs[@]}")
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,1175 @@
+// collective_perf: nccl-tests' *_perf for kft's shared-memory collectives.
+//
+// One source, four programs: CMake compiles it with KFT_BENCH_COLLECTIVE="allreduce",
+// "broadcast", "reduce_scatter" or "allgather" into allreduce_perf, broadcast_perf,
+// reduce_scatter_perf and allgather_perf. Run under mpirun with every rank on one node:
+//
+//     mpirun -np 2 build/bench/allreduce_perf -b 8 -e 256M -f 2 --json /tmp/ar2.json
+//
+// What it prints is nccl-tests' table: the same flags (-b -e -i -f -n -w -c -d -o -r -a -T), the
+// same header, row and footer formats (src/util.cu), the same sizes (count = size/typesize;
+// per-rank counts of reduce_scatter/allgather rounded down to 16 bytes) and the same busbw
+// factors (allreduce 2(n-1)/n, broadcast 1, reduce_scatter/allgather (n-1)/n), so scripts
+// written for nccl-tests read it. Method:
+//  - time: per size, w warm-up calls, a barrier, n back-to-back calls; a rank's time is the
+//    average call; the row shows the slowest rank's (-a 3, kft's default; nccl-tests' -a 1,
+//    the ranks' mean, is there too).
+//  - checking (-c 1) happens before timing: inputs are small integers that depend on rank and
+//    index, exact in every dtype (sums stay below 2^8 for bfloat16, 2^11 for half), so #wrong
+//    counts exact mismatches, summed over ranks (f16/bf16 and `avg` on floats get a 1-2 ulp
+//    tolerance). Outputs start as 0xff bytes (NaN for floats); an out-of-place call that
+//    changes its input counts as wrong too.
+//  - buffers: one send and one receive buffer of the largest size, touched before anything is
+//    timed and reused for every size and every call (nothing is rotated, so sizes that fit in
+//    the caches are timed in cache, as in nccl-tests and the OSU benchmarks).
+//  - peers (allreduce_perf, on by default; float sum only): after kft's table, in the same run
+//    and on the same buffers: a single-thread memcpy on rank 0 alone, Open MPI's MPI_Allreduce
+//    as it comes, the same after mallopt() keeps freed memory (so its per-call temporaries do
+//    not page-fault; what MALLOC_MMAP_THRESHOLD_ does), and Gloo's ring allreduce over TCP on
+//    127.0.0.1 when built with Gloo. Their iterations are capped so that one size takes about
+//    --peer-budget seconds.
+//  - --latency: per-call p50/p99 of small float-sum allreduces, kft vs MPI_Allreduce.
+//
+// Only rank 0 prints. Extra tables are '#' lines after nccl-tests' footer, so the only
+// non-comment lines are nccl-tests' rows.
+#include <malloc.h>
+#include <mpi.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <kft/collectives/options.hpp>
+#include <kft/core/dtype.hpp>
+#include <kft/core/ops.hpp>
+#include <kft/rendezvous/mpi_bootstrap.hpp>
+#include <kft/transport/shm/communicator.hpp>
+
+#if KFT_BENCH_WITH_GLOO
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+#endif
+
+#ifndef KFT_BENCH_COLLECTIVE
+#error "compile with -DKFT_BENCH_COLLECTIVE=\"allreduce\" (or \"broadcast\", \"reduce_scatter\", \"allgather\")"
+#endif
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+// ---- which collective this program measures ------------------------------------------------
+
+enum class coll { allreduce, broadcast, reduce_scatter, allgather };
+
+consteval coll coll_named(std::string_view s) {
+  if (s == "allreduce") return coll::allreduce;
+  if (s == "broadcast") return coll::broadcast;
+  if (s == "reduce_scatter") return coll::reduce_scatter;
+  if (s == "allgather") return coll::allgather;
+  throw "KFT_BENCH_COLLECTIVE must be \"allreduce\", \"broadcast\", \"reduce_scatter\" or \"allgather\"";
+}
+constexpr std::string_view kCollName = KFT_BENCH_COLLECTIVE;  // also kft's name, for choose()
+constexpr coll kColl = coll_named(KFT_BENCH_COLLECTIVE);
+constexpr bool kHasOp = kColl == coll::allreduce || kColl == coll::reduce_scatter;
+constexpr bool kHasRoot = kColl == coll::broadcast;
+
+// nccl-tests' program name, printed in "Collective test concluded".
+constexpr const char* nccl_test_name() {
+  switch (kColl) {
+    case coll::allreduce: return "all_reduce_perf";
+    case coll::broadcast: return "broadcast_perf";
+    case coll::reduce_scatter: return "reduce_scatter_perf";
+    case coll::allgather: return "all_gather_perf";
+  }
+  return "";
+}
+
+// busbw = algbw * factor (nccl-tests src/*.cu GetBw).
+double bus_factor(int n) {
+  const double dn = n;
+  switch (kColl) {
+    case coll::allreduce: return 2.0 * (dn - 1) / dn;
+    case coll::broadcast: return 1.0;
+    default: return (dn - 1) / dn;
+  }
+}
+
+// Sizes of one row (nccl-tests GetCollByteCount): `count` is the per-call count argument.
+struct shape {
+  std::size_t count = 0, send_bytes = 0, recv_bytes = 0;
+  std::size_t alg_bytes = 0;  // S in algbw = S / t
+  std::size_t size() const { return std::max(send_bytes, recv_bytes); }
+};
+
+shape shape_of(std::size_t size, std::size_t es, int n) {
+  const std::size_t un = static_cast<std::size_t>(n);
+  shape s;
+  if constexpr (kColl == coll::allreduce || kColl == coll::broadcast) {
+    s.count = size / es;
+    s.send_bytes = s.recv_bytes = s.alg_bytes = s.count * es;
+  } else {
+    s.count = (size / es / un) & ~(16 / es - 1);  // nccl-tests: & -(16/eltSize)
+    const std::size_t mine = s.count * es, all = mine * un;
+    s.send_bytes = kColl == coll::reduce_scatter ? all : mine;
+    s.recv_bytes = kColl == coll::reduce_scatter ? mine : all;
+    s.alg_bytes = all;
+  }
+  return s;
+}
+
+// ---- flags -----------------------------------------------------------------------------------
+
+struct settings {
+  std::size_t min_bytes = 32u << 20, max_bytes = 32u << 20, step_bytes = 1u << 20, step_factor = 1;
+  int iters = 20, warmup = 1, check = 1, average = 3, root = 0;
+  bool all_roots = false;
+  std::vector<kft::dtype> types{kft::dtype::f32};
+  std::vector<kft::op_kind> ops{kft::op_kind::sum};
+  kft::algo algorithm = kft::algo::automatic;
+  bool zero_copy = false, peers = kColl == coll::allreduce, gloo = true, latency = false, p50 = false;
+  double peer_budget = 2.0;
+  int timeout_s = 0, latency_iters = 10000;
+  std::size_t staging_bytes = 0, small_bytes = 0, latency_max = 64u << 10;
+  std::string json_path;
+};
+
+// nccl-tests' parsesize: a number with an optional K, M or G (powers of 1024).
+std::size_t parse_size(const std::string& s) {
+  if (s.empty()) throw std::invalid_argument("empty size");
+  double units = 1;
+  std::string num = s;
+  switch (s.back()) {
+    case 'K': case 'k': units = 1024.0; num.pop_back(); break;
+    case 'M': case 'm': units = 1024.0 * 1024; num.pop_back(); break;
+    case 'G': case 'g': units = 1024.0 * 1024 * 1024; num.pop_back(); break;
+    default: break;
+  }
+  std::size_t used = 0;
+  const double v = std::stod(num, &used);
+  if (used != num.size() || v < 0) throw std::invalid_argument("not a size: " + s);
+  return static_cast<std::size_t>(std::llround(v * units));
+}
+
+std::vector<kft::dtype> parse_types(const std::string& s) {
+  using kft::dtype;
+  if (s == "all") return {dtype::f32, dtype::f64, dtype::f16, dtype::bf16, dtype::i32, dtype::i64, dtype::u8};
+  for (int i = 0; i < 7; ++i) {
+    const auto t = static_cast<dtype>(i);
+    if (s == kft::nccl_name(t) || s == kft::name(t)) return {t};
+  }
+  if (s == "int") return {dtype::i32};
+  if (s == "fp16" || s == "float16") return {dtype::f16};
+  if (s == "fp32") return {dtype::f32};
+  if (s == "fp64") return {dtype::f64};
+  if (s == "int8" || s == "char" || s == "uint32" || s == "uint64")
+    throw std::invalid_argument("datatype " + s + " is not one kft reduces (float, double, half, bfloat16, int32, int64, uint8)");
+  throw std::invalid_argument("unknown datatype " + s);
+}
+
+std::vector<kft::op_kind> parse_ops(const std::string& s) {
+  using kft::op_kind;
+  if (s == "all") return {op_kind::sum, op_kind::prod, op_kind::max, op_kind::min, op_kind::avg};
+  for (int i = 0; i < 5; ++i)
+    if (s == kft::name(static_cast<op_kind>(i))) return {static_cast<op_kind>(i)};
+  throw std::invalid_argument("unknown op " + s + " (sum, prod, min, max, avg or all)");
+}
+
+kft::algo parse_algo(const std::string& s) {
+  if (s == "auto" || s == "automatic") return kft::algo::automatic;
+  if (s == "one_shot" || s == "one-shot") return kft::algo::one_shot;
+  if (s == "two_shot" || s == "two-shot") return kft::algo::two_shot;
+  throw std::invalid_argument("unknown --algo " + s + " (auto, one_shot, two_shot)");
+}
+
+// Returns the exit code to stop with, or nullopt to run.
+std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
+  CLI::App app{"kft " + std::string(kCollName) + " benchmark in nccl-tests' format (run under mpirun)"};
+  std::string b = "32M", e = "32M", i = "1M", d = "float", o = "sum", al = "auto", lm = "64K";
+  int f = 1, nthreads = 1, ngpus = 1, agg = 1;
+  app.add_option("-b,--minbytes", b, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", e, "largest size in bytes")->capture_default_str();
+  app.add_option("-i,--stepbytes", i, "step between sizes when -f is 1")->capture_default_str();
+  app.add_option("-f,--stepfactor", f, "multiply the size by this between rows")->capture_default_str();
+  app.add_option("-n,--iters", a.iters, "timed calls per size")->capture_default_str();
+  app.add_option("-w,--warmup_iters", a.warmup, "untimed calls per size before timing")->capture_default_str();
+  app.add_option("-c,--check", a.check, "check passes per size before timing (0: no check, #wrong is N/A)")
+      ->capture_default_str();
+  app.add_option("-d,--datatype", d, "float, double, half, bfloat16, int32, int64, uint8 (or f32, f64, f16, bf16, "
+                                     "i32, i64, u8), or all")->capture_default_str();
+  // Every program takes -o and -r, as nccl-tests' do; only the collectives that have them use them.
+  app.add_option("-o,--op", o, "sum, prod, min, max, avg or all (allreduce, reduce_scatter)")->capture_default_str();
+  app.add_option("-r,--root", a.root, "broadcast root, -1 for every rank in turn (broadcast)")->capture_default_str();
+  app.add_option("-a,--average", a.average, "combine ranks' times: 0 rank 0, 1 mean, 2 min, 3 max (kft default: 3)")
+      ->capture_default_str();
+  app.add_option("-T,--timeout", a.timeout_s, "seconds before a stuck collective fails (0: kft's default)");
+  app.add_option("-t,--nthreads", nthreads, "nccl-tests' threads per process (must be 1)");
+  app.add_option("-g,--ngpus", ngpus, "nccl-tests' GPUs per thread (must be 1)");
+  app.add_option("-m,--agg_iters", agg, "nccl-tests' aggregated iterations (must be 1)");
+  app.add_option("--algo", al, "kft algorithm: auto, one_shot, two_shot")->capture_default_str();
+  app.add_flag("--zero-copy", a.zero_copy, "buffers from comm.allocate_bytes (inside the shared segment)");
+  app.add_option("--json", a.json_path, "write rows (nccl-tests -J layout plus peers and kft's algorithm) to FILE");
+  app.add_flag("--peers,!--no-peers", a.peers,
+               "also measure memcpy, MPI_Allreduce (default, tuned malloc) and Gloo (allreduce_perf only; float sum)");
+  app.add_flag("--gloo,!--no-gloo", a.gloo, "include Gloo among the peers when built with it");
+  app.add_option("--peer-budget", a.peer_budget, "about this many seconds per peer and size (caps iterations)")
+      ->capture_default_str();
+  app.add_flag("--latency", a.latency, "per-call p50/p99 of small float-sum allreduces, kft vs MPI (allreduce_perf)");
+  app.add_option("--latency-iters", a.latency_iters, "calls per size for --latency")->capture_default_str();
+  app.add_option("--latency-max", lm, "largest size --latency measures (K/M/G suffixes)")->capture_default_str();
+  app.add_flag("--p50", a.p50, "time every call too and add i_p50 i_p99 columns (max over ranks per call)");
+  app.add_option("--staging-bytes", a.staging_bytes, "kft config::staging_bytes (0: kft's default)");
+  app.add_option("--small-bytes", a.small_bytes, "kft config::small_bytes (0: kft's default)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& err) {
+    std::ostringstream out, errs;
+    const int rc = app.exit(err, out, errs);
+    if (rank == 0) {
+      std::cout << out.str();
+      std::cerr << errs.str();
+    }
+    return rc;
+  }
+  auto bad = [&](const std::string& msg) -> std::optional<int> {
+    if (rank == 0) std::cerr << argv[0] << ": " << msg << "\n";
+    return 2;
+  };
+  try {
+    a.min_bytes = parse_size(b);
+    a.max_bytes = parse_size(e);
+    a.step_bytes = parse_size(i);
+    a.latency_max = parse_size(lm);
+    a.types = parse_types(d);
+    if constexpr (kHasOp) a.ops = parse_ops(o);
+    a.algorithm = parse_algo(al);
+  } catch (const std::exception& ex) {
+    return bad(ex.what());
+  }
+  if (f < 1) return bad("-f must be >= 1");
+  a.step_factor = static_cast<std::size_t>(f);
+  if (a.step_factor == 1 && a.step_bytes == 0) return bad("-i must be > 0 when -f is 1");
+  if (a.step_factor > 1 && a.min_bytes == 0) return bad("-b must be > 0 when -f is > 1");
+  if (a.min_bytes > a.max_bytes) return bad("-b is larger than -e");
+  if (a.iters < 1) return bad("-n must be >= 1");
+  if (a.warmup < 0 || a.check < 0) return bad("-w and -c must be >= 0");
+  if (a.average < 0 || a.average > 3) return bad("-a must be 0, 1, 2 or 3");
+  if (nthreads != 1 || ngpus != 1 || agg != 1) return bad("-t, -g and -m must be 1: kft runs one rank per process");
+  if (a.latency_iters < 1) return bad("--latency-iters must be >= 1");
+  if constexpr (kHasRoot) {
+    a.all_roots = a.root == -1;
+    if (a.root < -1) return bad("-r must be a rank or -1");
+  } else {
+    a.root = 0;
+  }
+  if constexpr (kColl != coll::allreduce) {
+    if (a.latency) return bad("--latency is measured by allreduce_perf");
+    if (app.count("--peers") > 0 && a.peers) return bad("--peers is measured by allreduce_perf");
+    a.peers = false;
+  }
+  return std::nullopt;
+}
+
+// ---- element values ----------------------------------------------------------------------------
+
+template <class T>
+struct elem {
+  static T make(std::int64_t v) { return static_cast<T>(v); }
+  static double value(T x) { return static_cast<double>(x); }
+};
+template <>
+struct elem<kft::half> {
+  static kft::half make(std::int64_t v) { return kft::half(static_cast<float>(v)); }
+  static double value(kft::half x) { return static_cast<double>(static_cast<float>(x)); }
+};
+template <>
+struct elem<kft::bfloat16> {
+  static kft::bfloat16 make(std::int64_t v) { return kft::bfloat16(static_cast<float>(v)); }
+  static double value(kft::bfloat16 x) { return static_cast<double>(static_cast<float>(x)); }
+};
+
+// Inputs: small integers of rank and index, chosen so that the sum over all ranks stays exact.
+struct pattern {
+  kft::op_kind op = kft::op_kind::sum;
+  int p = 1;
+  std::size_t mod = 2;
+
+  pattern(kft::dtype t, kft::op_kind o, int nranks) : op(o), p(nranks) {
+    std::size_t limit = std::size_t{1} << 24;  // exact integers in float
+    if (t == kft::dtype::bf16) limit = 256;
+    if (t == kft::dtype::f16) limit = 2048;
+    if (t == kft::dtype::u8) limit = 255;
+    mod = std::clamp<std::size_t>(limit / static_cast<std::size_t>(p), 2, 1021);
+  }
+  std::int64_t at(int r, std::size_t i) const {
+    const std::size_t h = i * 7 + static_cast<std::size_t>(r) * 13;
+    if (op == kft::op_kind::prod) return h % 3 == 0 ? 2 : 1;  // products stay <= 2^p
+    return static_cast<std::int64_t>(h % mod);
+  }
+  std::int64_t reduced(std::size_t i) const {
+    std::int64_t acc = at(0, i);
+    for (int r = 1; r < p; ++r) {
+      const std::int64_t v = at(r, i);
+      switch (op) {
+        case kft::op_kind::sum:
+        case kft::op_kind::avg: acc += v; break;
+        case kft::op_kind::prod: acc *= v; break;
+        case kft::op_kind::min: acc = std::min(acc, v); break;
+        case kft::op_kind::max: acc = std::max(acc, v); break;
+      }
+    }
+    return acc;
+  }
+};
+
+// What a correct reduction of element i stores, computed the way kft's kernels round: integer
+// math for integers, one division for avg (in float for f32/f16/bf16, double for f64).
+template <class T>
+T expected_reduced(const pattern& pt, std::size_t i) {
+  const std::int64_t acc = pt.reduced(i);
+  if (pt.op != kft::op_kind::avg) return elem<T>::make(acc);
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(acc / pt.p);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return static_cast<double>(acc) / static_cast<double>(pt.p);
+  } else if constexpr (std::is_same_v<T, float>) {
+    return static_cast<float>(acc) / static_cast<float>(pt.p);
+  } else {
+    return T(static_cast<float>(acc) / static_cast<float>(pt.p));
+  }
+}
+
+// Relative tolerance of a check: 0 (exact) unless rounding can legitimately differ.
+double tolerance(kft::dtype t, kft::op_kind op) {
+  if (t == kft::dtype::f16) return 2e-3;
+  if (t == kft::dtype::bf16) return 1.6e-2;
+  if (op == kft::op_kind::avg && t == kft::dtype::f32) return 2.5e-7;
+  if (op == kft::op_kind::avg && t == kft::dtype::f64) return 5e-16;
+  return 0;
+}
+
+template <class T, class F>
+void fill(void* dst, std::size_t n, F&& value_of) {
+  T* d = static_cast<T*>(dst);
+  for (std::size_t i = 0; i < n; ++i) d[i] = value_of(i);
+}
+
+template <class T, class F>
+std::int64_t count_wrong(const void* got_v, std::size_t n, double tol, F&& expected_of) {
+  const T* got = static_cast<const T*>(got_v);
+  std::int64_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double g = elem<T>::value(got[i]), x = elem<T>::value(expected_of(i));
+    const bool ok = tol == 0 ? g == x : std::fabs(g - x) <= tol * std::max(1.0, std::fabs(x));
+    wrong += ok ? 0 : 1;
+  }
+  return wrong;
+}
+
+// ---- printing (nccl-tests src/util.cu) ----------------------------------------------------------
+
+// getFloatStr: as many decimals as fit in `width`.
+std::string float_str(double value, int width) {
+  char buf[64];
+  if (!std::isfinite(value)) {
+    std::snprintf(buf, sizeof buf, "%*s", width, std::isnan(value) ? "nan" : "inf");
+    return buf;
+  }
+  int power = 0;
+  for (double v = 1; value >= v && power < 40; v *= 10) power++;
+  if (power < width - 2) std::snprintf(buf, sizeof buf, "%*.2f", width, value);
+  else if (power < width - 1) std::snprintf(buf, sizeof buf, "%*.1f", width, value);
+  else if (power < width + 1) std::snprintf(buf, sizeof buf, "%*.0f", width, value);
+  else if (width >= 7) std::snprintf(buf, sizeof buf, "%*.1e", width, value);
+  else std::snprintf(buf, sizeof buf, "%*.0e", width, value);
+  return buf;
+}
+
+std::string root_str(int root) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%6i", root);
+  return buf;
+}
+
+std::string now_str() {
+  char buf[64];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return buf;
+}
+
+long minor_faults() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+double seconds_since(clk::time_point t0) { return std::chrono::duration<double>(clk::now() - t0).count(); }
+
+// ---- the run -------------------------------------------------------------------------------------
+
+struct timing {
+  double sec = 0;     // per call, ranks combined by -a
+  double minflt = 0;  // minor page faults per call, the worst rank
+};
+
+struct iter_stats {
+  double p50 = 0, p99 = 0;  // seconds
+};
+
+struct kft_row {  // what the peers table needs of a float-sum row
+  std::size_t size = 0, count = 0;
+  std::string algorithm;
+  double time_us = 0, busbw = 0;
+  std::size_t json_index = 0;
+};
+
+class bench {
+ public:
+  bench(const settings& s, int rank, int nranks) : a_(s), me_(rank), n_(nranks) {}
+
+  int run();
+
+ private:
+  // -- MPI helpers
+  double combine(double v) const {
+    double out = v;
+    switch (a_.average) {
+      case 0: MPI_Bcast(&out, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD); break;
+      case 1: MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD); out /= n_; break;
+      case 2: MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD); break;
+      default: MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); break;
+    }
+    return out;
+  }
+  static double max_all(double v) {
+    double out = v;
+    MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return out;
+  }
+  static std::int64_t sum_all(std::int64_t v) {
+    std::int64_t out = v;
+    MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    return out;
+  }
+
+  template <class F>
+  timing time_calls(int warmup, int iters, F&& call) const {
+    for (int w = 0; w < warmup; ++w) call();
+    MPI_Barrier(MPI_COMM_WORLD);
+    const long f0 = minor_faults();
+    const auto t0 = clk::now();
+    for (int i = 0; i < iters; ++i) call();
+    const double sec = seconds_since(t0) / iters;
+    const double flt = static_cast<double>(minor_faults() - f0) / iters;
+    return {combine(sec), max_all(flt)};
+  }
+
+  // Every call timed; a call's time is the slowest rank's.
+  template <class F>
+  static iter_stats time_each(int warmup, int iters, F&& call) {
+    for (int w = 0; w < warmup; ++w) call();
+    std::vector<double> t(static_cast<std::size_t>(iters));
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (auto& x : t) {
+      const auto t0 = clk::now();
+      call();
+      x = seconds_since(t0);
+    }
+    MPI_Allreduce(MPI_IN_PLACE, t.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    std::sort(t.begin(), t.end());
+    const std::size_t n = t.size();
+    const std::size_t i99 = std::min(n - 1, (n * 99 + 99) / 100 - 1);  // nccl-tests percentileIndex
+    return {t[n / 2], t[i99]};
+  }
+
+  // Peers: w warm-up calls (at least one) pick how many timed calls fit the budget.
+  template <class F>
+  std::pair<timing, int> time_budgeted(F&& call) const {
+    const auto t0 = clk::now();
+    const int w = std::max(1, a_.warmup);
+    for (int i = 0; i < w; ++i) call();
+    const double per = max_all(seconds_since(t0) / w);
+    int iters = a_.iters;
+    if (per * iters > a_.peer_budget) iters = std::max(1, static_cast<int>(a_.peer_budget / per));
+    return {time_calls(0, iters, call), iters};
+  }
+
+  void collective(const void* in, void* out, std::size_t count, kft::dtype t, [[maybe_unused]] kft::op_kind op,
+                  [[maybe_unused]] int root) {
+    if constexpr (kColl == coll::allreduce) comm_->allreduce(in, out, count, t, op, opts_);
+    else if constexpr (kColl == coll::broadcast) comm_->broadcast(in, out, count, t, root, opts_);
+    else if constexpr (kColl == coll::reduce_scatter) comm_->reduce_scatter(in, out, count, t, op, opts_);
+    else comm_->allgather(in, out, count, t, opts_);
+  }
+
+  // Where the in-place form of the collective reads and writes (nccl-tests' in-place offsets).
+  std::pair<const void*, void*> in_place_buffers(const shape& sh, std::size_t es) const {
+    unsigned char* base = static_cast<unsigned char*>(recv_);
+    const std::size_t mine = static_cast<std::size_t>(me_) * sh.count * es;
+    if constexpr (kColl == coll::reduce_scatter) return {base, base + mine};
+    else if constexpr (kColl == coll::allgather) return {base + mine, base};
+    else return {base, base};
+  }
+
+  template <class T>
+  std::int64_t verify(const shape& sh, kft::dtype t, kft::op_kind op, int root, bool in_place, std::int64_t& changed);
+  template <class T>
+  void run_rows(kft::dtype t, kft::op_kind op, int root);
+
+  void print_header();
+  void print_footer();
+  void run_peers();
+  void run_latency();
+  void write_json();
+
+  const settings& a_;
+  int me_, n_;
+  kft::options opts_;
+  std::unique_ptr<kft::shm::communicator> comm_;
+  void* send_ = nullptr;
+  void* recv_ = nullptr;
+  std::size_t buf_bytes_ = 0;
+  bool own_buffers_ = false;
+
+  std::int64_t errors_ = 0, input_changed_ = 0;
+  double bw_sum_ = 0;
+  int bw_count_ = 0;
+  double worst_minflt_ = 0;
+  std::vector<kft_row> float_sum_rows_;
+  std::vector<std::pair<std::size_t, kft::algo>> algos_;  // per size of the first type/op
+  json doc_, rows_ = json::array(), latency_ = json::array(), peer_notes_ = json::array();
+  std::string start_time_;
+
+  std::vector<std::string> argv_;
+  kft::shm::config cfg_;
+
+ public:
+  void set_args(int argc, char** argv) { argv_.assign(argv, argv + argc); }
+};
+
+template <class T>
+std::int64_t bench::verify(const shape& sh, kft::dtype t, kft::op_kind op, int root, bool in_place,
+                           std::int64_t& changed) {
+  constexpr std::size_t es = sizeof(T);
+  const pattern pt(t, op, n_);
+  const double tol = tolerance(t, op);
+  const std::size_t cnt = sh.count, all = cnt * static_cast<std::size_t>(n_);
+  const std::size_t my_off = static_cast<std::size_t>(me_) * cnt;
+  auto mine = [&](std::size_t i) { return elem<T>::make(pt.at(me_, i)); };
+  auto reduced = [&](std::size_t i) { return expected_reduced<T>(pt, i); };
+  auto rooted = [&](std::size_t i) { return elem<T>::make(pt.at(root, i)); };
+  auto gathered = [&](std::size_t i) { return elem<T>::make(pt.at(static_cast<int>(i / cnt), i % cnt)); };
+
+  // Peers may still be reading this rank's buffers from the previous call (zero-copy).
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::int64_t wrong = 0;
+  unsigned char* recv = static_cast<unsigned char*>(recv_);
+  if (!in_place) {
+    const std::size_t in_n = sh.send_bytes / es;
+    fill<T>(send_, in_n, mine);
+    std::memset(recv_, 0xff, sh.recv_bytes);
+    collective(send_, recv_, cnt, t, op, root);
+    if constexpr (kColl == coll::allreduce) wrong = count_wrong<T>(recv_, cnt, tol, reduced);
+    else if constexpr (kColl == coll::broadcast) wrong = count_wrong<T>(recv_, cnt, 0, rooted);
+    else if constexpr (kColl == coll::reduce_scatter)
+      wrong = count_wrong<T>(recv_, cnt, tol, [&](std::size_t j) { return reduced(my_off + j); });
+    else wrong = count_wrong<T>(recv_, all, 0, gathered);
+    changed += count_wrong<T>(send_, in_n, 0, mine);
+  } else {
+    const auto [in, out] = in_place_buffers(sh, es);
+    if constexpr (kColl == coll::allreduce) {
+      fill<T>(recv_, cnt, mine);
+    } else if constexpr (kColl == coll::broadcast) {
+      if (me_ == root) fill<T>(recv_, cnt, rooted);
+      else std::memset(recv_, 0xff, sh.recv_bytes);
+    } else if constexpr (kColl == coll::reduce_scatter) {
+      fill<T>(recv_, all, mine);
+    } else {
+      std::memset(recv_, 0xff, sh.recv_bytes);
+      fill<T>(recv + my_off * es, cnt, mine);
+    }
+    collective(in, out, cnt, t, op, root);
+    if constexpr (kColl == coll::allreduce) wrong = count_wrong<T>(recv_, cnt, tol, reduced);
+    else if constexpr (kColl == coll::broadcast) wrong = count_wrong<T>(recv_, cnt, 0, rooted);
+    else if constexpr (kColl == coll::reduce_scatter)
+      wrong = count_wrong<T>(recv + my_off * es, cnt, tol, [&](std::size_t j) { return reduced(my_off + j); });
+    else wrong = count_wrong<T>(recv_, all, 0, gathered);
+  }
+  return wrong;
+}
+
+template <class T>
+void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
+  constexpr std::size_t es = sizeof(T);
+  const bool first_combo = algos_.empty();
+  for (std::size_t size = a_.min_bytes; size <= a_.max_bytes;) {
+    const shape sh = shape_of(size, es, n_);
+    const kft::algo chosen = a_.algorithm == kft::algo::automatic ? comm_->choose(kCollName, sh.send_bytes) : a_.algorithm;
+    if (first_combo) algos_.emplace_back(sh.size(), chosen);
+    const std::string type_name(kft::nccl_name(t));
+    const std::string op_name = kHasOp ? std::string(kft::name(op)) : "none";
+    const int root_col = kHasRoot ? root : -1;
+    if (me_ == 0) {
+      std::printf("%12zu  %12zu  %8s  %6s  %6s", sh.size(), sh.count, type_name.c_str(), op_name.c_str(),
+                  root_str(root_col).c_str());
+      std::fflush(stdout);
+    }
+    json row = {{"size", sh.size()}, {"count", sh.count}, {"type", type_name}, {"redop", op_name},
+                {"root", root_str(root_col)}};
+    for (int half = 0; half < 2; ++half) {
+      const bool in_place = half == 1;
+      std::int64_t wrong = 0, changed = 0;
+      for (int c = 0; c < a_.check; ++c) wrong += verify<T>(sh, t, op, root, in_place, changed);
+      wrong = sum_all(wrong);
+      changed = sum_all(changed);
+      input_changed_ += changed;
+      wrong += changed;
+      errors_ += wrong;
+      const void* in = send_;
+      void* out = recv_;
+      if (in_place) std::tie(in, out) = in_place_buffers(sh, es);
+      auto call = [&] { collective(in, out, sh.count, t, op, root); };
+      MPI_Barrier(MPI_COMM_WORLD);
+      const timing tm = time_calls(a_.warmup, a_.iters, call);
+      std::optional<iter_stats> st;
+      if (a_.p50) st = time_each(0, a_.iters, call);
+      worst_minflt_ = std::max(worst_minflt_, tm.minflt);
+      const double algbw = tm.sec > 0 ? static_cast<double>(sh.alg_bytes) / 1e9 / tm.sec : 0;
+      const double busbw = algbw * bus_factor(n_);
+      bw_sum_ += busbw;
+      ++bw_count_;
+      if (me_ == 0) {
+        const std::string ts = float_str(tm.sec * 1e6, 7), as = float_str(algbw, 6), bs = float_str(busbw, 6);
+        if (a_.check) std::printf("  %7s  %6s  %6s  %6g", ts.c_str(), as.c_str(), bs.c_str(), static_cast<double>(wrong));
+        else std::printf("  %7s  %6s  %6s    N/A", ts.c_str(), as.c_str(), bs.c_str());
+        if (st) std::printf("  %7s  %7s", float_str(st->p50 * 1e6, 7).c_str(), float_str(st->p99 * 1e6, 7).c_str());
+        std::fflush(stdout);
+      }
+      json h = {{"time", tm.sec * 1e6}, {"alg_bw", algbw}, {"bus_bw", busbw},
+                {"nwrong", a_.check ? json(wrong) : json(nullptr)}, {"minflt_per_call", tm.minflt}};
+      if (st) h["per_iter"] = {{"p50_us", st->p50 * 1e6}, {"p99_us", st->p99 * 1e6}};
+      row[in_place ? "in_place" : "out_of_place"] = h;
+      if (!in_place && t == kft::dtype::f32 && op == kft::op_kind::sum && kColl == coll::allreduce)
+        float_sum_rows_.push_back({sh.size(), sh.count, std::string(kft::name(chosen)), tm.sec * 1e6, busbw, rows_.size()});
+    }
+    if (me_ == 0) {
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    row["actual_iterations"] = a_.iters;
+    row["algorithm"] = std::string(kft::name(chosen));
+    row["algorithm_requested"] = std::string(kft::name(a_.algorithm));
+    row["zero_copy"] = a_.zero_copy;
+    rows_.push_back(std::move(row));
+    if (a_.step_factor > 1) {
+      if (size > a_.max_bytes / a_.step_factor) break;
+      size *= a_.step_factor;
+    } else {
+      if (size > a_.max_bytes - a_.step_bytes) break;
+      size += a_.step_bytes;
+    }
+  }
+}
+
+void bench::print_header() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  char line[512];
+  std::snprintf(line, sizeof line, "#  Rank %2d Group %2d Pid %6d on %10s device %2d [cpu %d] kft shm\n", me_, 0,
+                static_cast<int>(::getpid()), host, -1, ::sched_getcpu());
+  std::vector<char> lines(me_ == 0 ? sizeof line * static_cast<std::size_t>(n_) : 1);
+  MPI_Gather(line, static_cast<int>(sizeof line), MPI_CHAR, lines.data(), static_cast<int>(sizeof line), MPI_CHAR, 0,
+             MPI_COMM_WORLD);
+  if (me_ != 0) return;
+  const auto& cfg = cfg_;
+  std::printf("# kft %s collective_perf (shared-memory transport, nccl-tests format)\n", KFT_VERSION_STRING);
+  std::printf("# Collective test starting: %s\n", nccl_test_name());
+  std::printf("# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d agg iters: 1 "
+              "validation: %d graph: 0\n",
+              a_.min_bytes, a_.max_bytes, a_.step_factor > 1 ? a_.step_factor : a_.step_bytes,
+              a_.step_factor > 1 ? "factor" : "bytes", a_.warmup, a_.iters, a_.check);
+  const char* avg_names[] = {"rank 0's", "the ranks' mean", "the fastest rank's", "the slowest rank's"};
+  std::printf("# kft: %d ranks, algo %s, zero-copy %s, staging %zu B, one-shot slot %zu B, time = %s average call (-a %d)\n",
+              n_, std::string(kft::name(a_.algorithm)).c_str(), a_.zero_copy ? "on" : "off", cfg.staging_bytes,
+              cfg.small_bytes, avg_names[a_.average], a_.average);
+  std::printf("# buffers: one send and one receive buffer of %zu B, touched before timing and reused by every size and "
+              "call (not rotated)\n",
+              buf_bytes_);
+  std::printf("#\n# Using devices\n");
+  for (int r = 0; r < n_; ++r) std::printf("%s", lines.data() + sizeof line * static_cast<std::size_t>(r));
+  std::printf("#\n");
+  std::printf("# %10s  %12s  %8s  %6s  %6s", "", "", "", "", "");
+  if (a_.p50) std::printf("           out-of-place (+ per-call p50/p99)                 in-place (+ per-call p50/p99)\n");
+  else std::printf("           out-of-place                       in-place          \n");
+  auto cols = [&](const char* c0, const char* c1, const char* c2, const char* c3, const char* c4, const char* t,
+                  const char* al, const char* bu, const char* wr, const char* p50, const char* p99) {
+    std::printf("# %10s  %12s  %8s  %6s  %6s", c0, c1, c2, c3, c4);
+    for (int h = 0; h < 2; ++h) {
+      std::printf("  %7s  %6s  %6s  %6s", t, al, bu, wr);
+      if (a_.p50) std::printf("  %7s  %7s", p50, p99);
+    }
+    std::printf(" %*s\n", 0, "");
+  };
+  cols("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "i_p50", "i_p99");
+  cols("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)");
+  std::fflush(stdout);
+}
+
+void bench::print_footer() {
+  if (me_ != 0) return;
+  const double avg = bw_count_ ? bw_sum_ / bw_count_ : 0;
+  const int errs = static_cast<int>(std::min<std::int64_t>(errors_, INT_MAX));
+  std::printf("# %-20s : %d %s\n", "Out of bounds values", errs, errs ? "FAILED" : "OK");
+  std::printf("# %-20s : %g %s\n", "Avg bus bandwidth", avg, "");
+  std::printf("#\n");
+  std::printf("# Collective test concluded: %s\n", nccl_test_name());
+  std::printf("#\n");
+  if (input_changed_)
+    std::printf("# kft: out-of-place calls changed %lld input elements (counted in #wrong)\n",
+                static_cast<long long>(input_changed_));
+  // The algorithm automatic picked, as runs of sizes.
+  if (a_.algorithm != kft::algo::automatic) {
+    std::printf("# kft algorithm: %s (forced with --algo)\n", std::string(kft::name(a_.algorithm)).c_str());
+  } else if (!algos_.empty()) {
+    std::printf("# kft algorithm (auto):");
+    for (std::size_t i = 0; i < algos_.size();) {
+      std::size_t j = i;
+      while (j + 1 < algos_.size() && algos_[j + 1].second == algos_[i].second) ++j;
+      std::printf("%s %s for %zu..%zu B", i ? "," : "", std::string(kft::name(algos_[i].second)).c_str(), algos_[i].first,
+                  algos_[j].first);
+      i = j + 1;
+    }
+    std::printf("\n");
+  }
+  std::printf("# minor page faults per timed kft call, worst rank and size: %g\n", worst_minflt_);
+  std::fflush(stdout);
+}
+
+#if KFT_BENCH_WITH_GLOO
+// Gloo's context over TCP on the loopback interface; the rendezvous is a FileStore in a fresh
+// directory under /tmp whose name rank 0 broadcasts.
+class gloo_peer {
+ public:
+  gloo_peer(int rank, int size) {
+    std::string dir(256, '\0');
+    if (rank == 0) {
+      char tmpl[] = "/tmp/kft-bench-gloo-XXXXXX";
+      if (::mkdtemp(tmpl) != nullptr) std::snprintf(dir.data(), dir.size(), "%s", tmpl);
+    }
+    MPI_Bcast(dir.data(), static_cast<int>(dir.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+    dir.resize(std::strlen(dir.c_str()));
+    if (dir.empty()) throw std::runtime_error("mkdtemp(/tmp/kft-bench-gloo-XXXXXX) failed on rank 0");
+    std::string failure;
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = "127.0.0.1";
+      attr.ai_family = AF_INET;
+      auto dev = gloo::transport::tcp::CreateDevice(attr);
+      gloo::rendezvous::FileStore store(dir);
+      ctx_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      ctx_->setTimeout(std::chrono::seconds(300));
+      ctx_->connectFullMesh(store, dev);
+    } catch (const std::exception& e) {
+      failure = e.what();
+      ctx_.reset();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+    int ok = ctx_ ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!ok) throw std::runtime_error("gloo set-up failed" + (failure.empty() ? std::string() : ": " + failure));
+  }
+  void allreduce(const float* in, float* out, std::size_t count) {
+    gloo::AllreduceOptions o(ctx_);
+    o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    o.setInput(const_cast<float*>(in), count);
+    o.setOutput(out, count);
+    o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
+    o.setTag(tag_++);
+    gloo::allreduce(o);
+  }
+
+ private:
+  std::shared_ptr<gloo::rendezvous::Context> ctx_;
+  std::uint32_t tag_ = 0;
+};
+#endif
+
+struct peer_point {
+  double time_us = 0, algbw = 0, busbw = 0, minflt = 0;
+  int iters = 0;
+  bool valid = false;
+};
+
+void bench::run_peers() {
+  if (!a_.peers) return;
+  if (float_sum_rows_.empty()) {
+    if (me_ == 0)
+      std::printf("#\n# peers: measured for float sum only; this run has no float sum rows (-d float -o sum)\n");
+    return;
+  }
+  const double factor = bus_factor(n_);
+  const std::size_t k = float_sum_rows_.size();
+  std::vector<peer_point> mcp(k), mpi_def(k), mpi_tuned(k), gl(k);
+  auto point = [&](const std::pair<timing, int>& r, std::size_t bytes) {
+    peer_point p;
+    p.time_us = r.first.sec * 1e6;
+    p.algbw = r.first.sec > 0 ? static_cast<double>(bytes) / 1e9 / r.first.sec : 0;
+    p.busbw = p.algbw * factor;
+    p.minflt = r.first.minflt;
+    p.iters = r.second;
+    p.valid = true;
+    return p;
+  };
+  auto* fin = static_cast<const float*>(send_);
+  auto* fout = static_cast<float*>(recv_);
+  // Valid numbers in the inputs (kft's timed in-place calls may have left inf there).
+  MPI_Barrier(MPI_COMM_WORLD);
+  const pattern pt(kft::dtype::f32, kft::op_kind::sum, n_);
+  fill<float>(send_, float_sum_rows_.back().count, [&](std::size_t i) { return static_cast<float>(pt.at(me_, i)); });
+
+  // memcpy: rank 0 alone, the others wait in a barrier.
+  for (std::size_t i = 0; i < k; ++i) {
+    const std::size_t bytes = float_sum_rows_[i].count * sizeof(float);
+    if (bytes == 0) continue;
+    double per = 0;
+    int iters = 0;
+    if (me_ == 0) {
+      auto t0 = clk::now();
+      std::memcpy(recv_, send_, bytes);
+      per = std::max(seconds_since(t0), 1e-9);
+      // Enough copies to take ~10 ms (timer resolution), at least -n, at most the budget.
+      iters = std::max(a_.iters, static_cast<int>(std::min(1e7, 0.01 / per)));
+      if (per * iters > a_.peer_budget) iters = std::max(1, static_cast<int>(a_.peer_budget / per));
+      t0 = clk::now();
+      for (int it = 0; it < iters; ++it) {
+        std::memcpy(recv_, send_, bytes);
+        asm volatile("" ::"r"(recv_) : "memory");
+      }
+      per = seconds_since(t0) / iters;
+    }
+    MPI_Bcast(&per, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(&iters, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    mcp[i].time_us = per * 1e6;
+    mcp[i].algbw = mcp[i].busbw = per > 0 ? static_cast<double>(bytes) / 1e9 / per : 0;
+    mcp[i].iters = iters;
+    mcp[i].valid = true;
+  }
+  auto mpi_sweep = [&](std::vector<peer_point>& out) {
+    for (std::size_t i = 0; i < k; ++i) {
+      const std::size_t cnt = float_sum_rows_[i].count;
+      if (cnt == 0 || cnt > static_cast<std::size_t>(INT_MAX)) continue;
+      const int c = static_cast<int>(cnt);
+      out[i] = point(time_budgeted([&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }),
+                     cnt * sizeof(float));
+    }
+  };
+  mpi_sweep(mpi_def);
+  // "Tuned": freed memory stays in the heap, so per-call temporaries stop page-faulting.
+  const int mmap_ok = ::mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  const int trim_ok = ::mallopt(M_TRIM_THRESHOLD, INT_MAX);
+  mpi_sweep(mpi_tuned);
+
+  std::string gloo_note = "not built with Gloo";
+#if KFT_BENCH_WITH_GLOO
+  if (a_.gloo) {
+    // Gloo does its socket I/O on a thread of its own, created with the device. Bound to its
+    // rank's one core (mpirun's default for few ranks) that thread waits for a scheduler tick
+    // on every message; give it the whole machine, as torchrun would, and bind back after.
+    cpu_set_t bound, all;
+    CPU_ZERO(&all);
+    const long ncpu = ::sysconf(_SC_NPROCESSORS_ONLN);
+    for (long c = 0; c < ncpu && c < CPU_SETSIZE; ++c) CPU_SET(static_cast<int>(c), &all);
+    const bool rebound = ::sched_getaffinity(0, sizeof bound, &bound) == 0 && ::sched_setaffinity(0, sizeof all, &all) == 0;
+    try {
+      gloo_peer g(me_, n_);
+      for (std::size_t i = 0; i < k; ++i) {
+        const std::size_t cnt = float_sum_rows_[i].count;
+        if (cnt == 0) continue;
+        gl[i] = point(time_budgeted([&] { g.allreduce(fin, fout, cnt); }), cnt * sizeof(float));
+      }
+      gloo_note = std::string("gloo::allreduce, ring, TCP on 127.0.0.1, after the mallopt() above") +
+                  (rebound ? ", ranks not bound to cores" : "");
+    } catch (const std::exception& e) {
+      gloo_note = std::string("Gloo failed: ") + e.what();
+    }
+    if (rebound) ::sched_setaffinity(0, sizeof bound, &bound);
+  } else {
+    gloo_note = "off (--no-gloo)";
+  }
+#endif
+
+  if (me_ == 0) {
+    std::printf("#\n# kft vs peers: allreduce, float sum, out-of-place, %d ranks, busbw in GB/s (time = %s)\n", n_,
+                a_.average == 3 ? "slowest rank's average call" : "as -a says");
+    std::printf("#   memcpy: rank 0 alone, one thread, the same bytes; its column is bytes/time in GB/s\n");
+    std::printf("#   mpi: MPI_Allreduce as configured; mpi-tuned: the same after mallopt(M_MMAP_THRESHOLD, 1 GiB) -> %s, "
+                "mallopt(M_TRIM_THRESHOLD, INT_MAX) -> %s\n",
+                mmap_ok ? "ok" : "refused", trim_ok ? "ok" : "refused");
+    std::printf("#   gloo: %s\n", gloo_note.c_str());
+    std::printf("#   x<peer> = kft busbw / peer busbw (x memcpy: kft busbw / memcpy GB/s); peers' calls per size are "
+                "capped at ~%g s (json: iterations)\n",
+                a_.peer_budget);
+    std::printf("# %10s  %8s  %8s %7s  %7s  %8s %7s  %8s %7s  %8s %7s  %7s %7s %7s %7s\n", "size", "kft", "kft", "kft",
+                "memcpy", "mpi", "mpi", "mpi-tune", "mpi-tune", "gloo", "gloo", "x", "x", "x", "x");
+    std::printf("# %10s  %8s  %8s %7s  %7s  %8s %7s  %8s %7s  %8s %7s  %7s %7s %7s %7s\n", "(B)", "algo", "(us)", "busbw",
+                "(GB/s)", "(us)", "busbw", "(us)", "busbw", "(us)", "busbw", "memcpy", "mpi", "mpi-tune", "gloo");
+    auto t = [](const peer_point& p) { return p.valid ? float_str(p.time_us, 8) : std::string("     -"); };
+    auto b = [](const peer_point& p) { return p.valid ? float_str(p.busbw, 7) : std::string("     -"); };
+    auto x = [](double kft_bw, const peer_point& p) {
+      char buf[32];
+      if (!p.valid || p.busbw <= 0) return std::string("      -");
+      std::snprintf(buf, sizeof buf, "%7.2f", kft_bw / p.busbw);
+      return std::string(buf);
+    };
+    for (std::size_t i = 0; i < k; ++i) {
+      const auto& r = float_sum_rows_[i];
+      std::printf("# %10zu  %8s  %8s %7s  %7s  %8s %7s  %8s %7s  %8s %7s  %7s %7s %7s %7s\n", r.size, r.algorithm.c_str(),
+                  float_str(r.time_us, 8).c_str(), float_str(r.busbw, 7).c_str(), b(mcp[i]).c_str(), t(mpi_def[i]).c_str(),
+                  b(mpi_def[i]).c_str(), t(mpi_tuned[i]).c_str(), b(mpi_tuned[i]).c_str(), t(gl[i]).c_str(),
+                  b(gl[i]).c_str(), x(r.busbw, mcp[i]).c_str(), x(r.busbw, mpi_def[i]).c_str(),
+                  x(r.busbw, mpi_tuned[i]).c_str(), x(r.busbw, gl[i]).c_str());
+    }
+    std::fflush(stdout);
+    auto pj = [](const peer_point& p) -> json {
+      if (!p.valid) return nullptr;
+      return {{"time", p.time_us}, {"alg_bw", p.algbw}, {"bus_bw", p.busbw}, {"iterations", p.iters},
+              {"minflt_per_call", p.minflt}};
+    };
+    for (std::size_t i = 0; i < k; ++i) {
+      const auto& r = float_sum_rows_[i];
+      json peers = {{"mpi_default", pj(mpi_def[i])}, {"mpi_tuned", pj(mpi_tuned[i])}, {"gloo_ring", pj(gl[i])}};
+      peers["memcpy"] = mcp[i].valid ? json{{"time", mcp[i].time_us}, {"bw", mcp[i].algbw}, {"iterations", mcp[i].iters}}
+                                     : json(nullptr);
+      json ratios = json::object();
+      const std::pair<const char*, const peer_point*> named[] = {
+          {"memcpy", &mcp[i]}, {"mpi_default", &mpi_def[i]}, {"mpi_tuned", &mpi_tuned[i]}, {"gloo_ring", &gl[i]}};
+      for (const auto& [key, p] : named) ratios[key] = p->valid && p->busbw > 0 ? json(r.busbw / p->busbw) : json(nullptr);
+      rows_[r.json_index]["peers"] = std::move(peers);
+      rows_[r.json_index]["busbw_ratio_kft_over"] = std::move(ratios);
+    }
+    doc_["peers"] = {{"memcpy", "rank 0 alone, single thread, GB/s = bytes/time"},
+                     {"mpi_default", "MPI_Allreduce, Open MPI as configured"},
+                     {"mpi_tuned", std::string("MPI_Allreduce after mallopt(M_MMAP_THRESHOLD, 1<<30) ") +
+                                       (mmap_ok ? "ok" : "refused") + ", mallopt(M_TRIM_THRESHOLD, INT_MAX) " +
+                                       (trim_ok ? "ok" : "refused")},
+                     {"gloo_ring", gloo_note},
+                     {"budget_seconds", a_.peer_budget}};
+  }
+}
+
+void bench::run_latency() {
+  if (!a_.latency) return;
+  std::vector<std::size_t> sizes{8};
+  for (const auto& r : float_sum_rows_)
+    if (r.size <= a_.latency_max && r.size != 8 && r.count > 0) sizes.push_back(r.size);
+  std::sort(sizes.begin(), sizes.end());
+  const int warm = std::max(100, a_.latency_iters / 10);
+  auto* fin = static_cast<const float*>(send_);
+  auto* fout = static_cast<float*>(recv_);
+  if (me_ == 0) {
+    std::printf("#\n# latency: allreduce, float sum, out-of-place, %d ranks; %d calls after %d warm-up, each call's time = "
+                "slowest rank's\n",
+                n_, a_.latency_iters, warm);
+    std::printf("# %10s  %8s  %8s %8s  %8s %8s  %9s\n", "size", "kft", "kft p50", "kft p99", "mpi p50", "mpi p99",
+                "p50 kft/mpi");
+    std::printf("# %10s  %8s  %8s %8s  %8s %8s  %9s\n", "(B)", "algo", "(us)", "(us)", "(us)", "(us)", "");
+  }
+  for (std::size_t size : sizes) {
+    const std::size_t cnt = size / sizeof(float);
+    const kft::algo chosen = a_.algorithm == kft::algo::automatic ? comm_->choose("allreduce", cnt * sizeof(float)) : a_.algorithm;
+    MPI_Barrier(MPI_COMM_WORLD);
+    const iter_stats k = time_each(warm, a_.latency_iters, [&] { comm_->allreduce(fin, fout, cnt, kft::dtype::f32, kft::op_kind::sum, opts_); });
+    const int c = static_cast<int>(cnt);
+    const iter_stats m = time_each(warm, a_.latency_iters, [&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); });
+    if (me_ == 0) {
+      std::printf("# %10zu  %8s  %8.2f %8.2f  %8.2f %8.2f  %9.2f\n", size, std::string(kft::name(chosen)).c_str(),
+                  k.p50 * 1e6, k.p99 * 1e6, m.p50 * 1e6, m.p99 * 1e6, m.p50 > 0 ? k.p50 / m.p50 : 0.0);
+      std::fflush(stdout);
+      latency_.push_back({{"size", size}, {"algorithm", std::string(kft::name(chosen))}, {"iterations", a_.latency_iters},
+                          {"kft", {{"p50_us", k.p50 * 1e6}, {"p99_us", k.p99 * 1e6}}},
+                          {"mpi", {{"p50_us", m.p50 * 1e6}, {"p99_us", m.p99 * 1e6}}}});
+    }
+  }
+}
+
+void bench::write_json() {
+  if (me_ != 0 || a_.json_path.empty()) return;
+  const auto& cfg = cfg_;
+  doc_["version"] = 2;
+  doc_["start_time"] = start_time_;
+  doc_["args"] = argv_;
+  json config = {{"nranks", n_},
+                 {"minimum_bytes", a_.min_bytes},
+                 {"maximum_bytes", a_.max_bytes},
+                 {"warmup_iters", a_.warmup},
+                 {"iterations", a_.iters},
+                 {"aggregated_iterations", 1},
+                 {"validation", a_.check},
+                 {"average_mode", a_.average},
+                 {"collective", std::string(kCollName)},
+                 {"kft", {{"version", KFT_VERSION_STRING},
+                          {"algorithm", std::string(kft::name(a_.algorithm))},
+                          {"zero_copy", a_.zero_copy},
+                          {"staging_bytes", cfg.staging_bytes},
+                          {"small_bytes", cfg.small_bytes},
+                          {"pool_bytes", cfg.pool_bytes}}}};
+  if (a_.step_factor > 1) config["step_factor"] = a_.step_factor;
+  else config["step_bytes"] = a_.step_bytes;
+  doc_["config"] = std::move(config);
+  doc_["results"] = rows_;
+  doc_["out_of_bounds"] = {{"count", errors_}, {"okay", errors_ == 0}};
+  doc_["average_bus_bandwidth"] = {{"bandwidth", bw_count_ ? bw_sum_ / bw_count_ : 0.0}, {"okay", "unchecked"}};
+  if (!latency_.empty()) doc_["latency"] = latency_;
+  doc_["end_time"] = now_str();
+  std::ofstream out(a_.json_path);
+  out << doc_.dump(1) << "\n";
+  if (!out) std::fprintf(stderr, "collective_perf: could not write %s\n", a_.json_path.c_str());
+  else std::printf("# wrote %s\n", a_.json_path.c_str());
+}
+
+int bench::run() {
+  start_time_ = now_str();
+  if (a_.timeout_s > 0) opts_.timeout = std::chrono::seconds(a_.timeout_s);
+  opts_.algorithm = a_.algorithm;
+
+  // Buffers for the largest row of any type: recv must also hold the in-place input.
+  for (auto t : a_.types)
+    for (std::size_t size = a_.min_bytes; size <= a_.max_bytes;) {
+      const shape sh = shape_of(size, kft::size_of(t), n_);
+      buf_bytes_ = std::max(buf_bytes_, sh.size());
+      if (a_.step_factor > 1) {
+        if (size > a_.max_bytes / a_.step_factor) break;
+        size *= a_.step_factor;
+      } else {
+        if (size > a_.max_bytes - a_.step_bytes) break;
+        size += a_.step_bytes;
+      }
+    }
+  buf_bytes_ = std::max<std::size_t>(buf_bytes_, 64);
+  if (a_.latency) buf_bytes_ = std::max(buf_bytes_, a_.latency_max);
+  const std::size_t rounded = (buf_bytes_ + 4095) / 4096 * 4096;
+
+  auto handle = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
+  kft::shm::config cfg;
+  cfg.name = "bench";
+  if (a_.staging_bytes) cfg.staging_bytes = a_.staging_bytes;
+  if (a_.small_bytes) cfg.small_bytes = a_.small_bytes;
+  if (a_.timeout_s > 0) cfg.timeout = std::chrono::seconds(a_.timeout_s);
+  if (a_.zero_copy) cfg.pool_bytes = 2 * rounded + 4096;
+  cfg_ = cfg;
+  comm_ = std::make_unique<kft::shm::communicator>(handle.client, me_, n_, cfg);
+  if (a_.zero_copy) {
+    send_ = comm_->allocate_bytes(rounded);
+    recv_ = comm_->allocate_bytes(rounded);
+  } else {
+    send_ = std::aligned_alloc(4096, rounded);
+    recv_ = std::aligned_alloc(4096, rounded);
+    if (!send_ || !recv_) throw std::bad_alloc();
+    own_buffers_ = true;
+  }
+  std::memset(send_, 0, rounded);  // first touch: no page faults while timing
+  std::memset(recv_, 0, rounded);
+
+  print_header();
+  for (auto t : a_.types)
+    for (auto op : a_.ops) {
+      const int r0 = a_.all_roots ? 0 : a_.root, r1 = a_.all_roots ? n_ - 1 : a_.root;
+      if (kHasRoot && (r0 < 0 || r1 >= n_))
+        throw std::invalid_argument("root " + std::to_string(a_.root) + " is not a rank (" + std::to_string(n_) + " ranks)");
+      for (int root = r0; root <= r1; ++root) switch (t) {
+          case kft::dtype::f32: run_rows<float>(t, op, root); break;
+          case kft::dtype::f64: run_rows<double>(t, op, root); break;
+          case kft::dtype::f16: run_rows<kft::half>(t, op, root); break;
+          case kft::dtype::bf16: run_rows<kft::bfloat16>(t, op, root); break;
+          case kft::dtype::i32: run_rows<std::int32_t>(t, op, root); break;
+          case kft::dtype::i64: run_rows<std::int64_t>(t, op, root); break;
+          case kft::dtype::u8: run_rows<std::uint8_t>(t, op, root); break;
+        }
+    }
+  print_footer();
+  run_peers();
+  run_latency();
+  write_json();
+  if (me_ == 0) std::printf("\n");
+
+  MPI_Barrier(MPI_COMM_WORLD);  // nobody still reads a peer's zero-copy buffer
+  comm_.reset();
+  if (own_buffers_) {
+    std::free(send_);
+    std::free(recv_);
+  }
+  return errors_ ? 1 : 0;
+}
+
+int run_main(int argc, char** argv) {
+  int rank = 0, nranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  settings s;
+  if (auto rc = parse_flags(argc, argv, rank, s)) return *rc;
+
+  MPI_Comm local = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int local_size = 0;
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  if (local_size != nranks) {
+    if (rank == 0) std::fprintf(stderr, "%s: every rank must run on one node (kft's shm transport)\n", argv[0]);
+    return 2;
+  }
+  bench b(s, rank, nranks);
+  b.set_args(argc, argv);
+  return b.run();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  try {
+    rc = run_main(argc, argv);
+  } catch (const std::exception& e) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::fprintf(stderr, "%s: rank %d: %s\n", argv[0], rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Shared-memory collectives across real processes.
+
+    shm_process_test.py SHM_WORKER KFTRUN MPIRUN SCENARIO
+
+sweep_kftrun / sweep_mpirun: the correctness sweep under each launcher.
+kill: 3 ranks started by hand, rank 1 kills itself during an allreduce; the others must fail
+      with an error naming it within seconds, and /dev/shm must hold nothing of the job.
+mismatch: rank 0 broadcasts while rank 1 allreduces; both must report the mismatch.
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+WORKER, KFTRUN, MPIRUN, SCENARIO = sys.argv[1:5]
+
+
+def expect(cond, what, *context):
+    print(("ok: " if cond else "FAIL: ") + what)
+    if not cond:
+        for c in context:
+            print(c)
+        sys.exit(1)
+
+
+def shm_entries():
+    return [f for f in os.listdir("/dev/shm") if f.startswith("kft-shm-worker")]
+
+
+def by_hand(n, mode):
+    """Starts n ranks directly (no launcher to kill the others): rank 0 hosts the store."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(n):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "KFT_STORE"))}
+        env.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), KFT_RDZV_TOKEN="shm-test")
+        procs.append(subprocess.Popen([WORKER, mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def sweep(cmd, n):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    expect(p.returncode == 0, f"{n} ranks pass the sweep", p.stdout[-3000:], p.stderr[-3000:])
+    expect(p.stdout.count(" OK") == n, "every rank reported OK", p.stdout[-2000:])
+    expect(not shm_entries(), "/dev/shm holds nothing of the job afterwards", shm_entries())
+
+
+def main():
+    before = shm_entries()
+    expect(not before, "no leftover segments before the test", before)
+    if SCENARIO == "sweep_kftrun":
+        sweep([KFTRUN, "--nproc-per-node", "3", "--", WORKER, "sweep"], 3)
+    elif SCENARIO == "sweep_mpirun":
+        sweep([MPIRUN, "-np", "4", "--oversubscribe", WORKER, "sweep"], 4)
+    elif SCENARIO == "kill":
+        procs = by_hand(3, "kill")
+        time.sleep(1.0)
+        during = shm_entries()
+        t0 = time.monotonic()
+        results = [p.communicate(timeout=60) for p in procs]
+        took = time.monotonic() - t0
+        expect(procs[1].returncode == -9, "rank 1 died by SIGKILL", procs[1].returncode)
+        for r in (0, 2):
+            err = results[r][1]
+            expect(procs[r].returncode == 3, f"rank {r} failed with a kft error instead of hanging", procs[r].returncode, err)
+            expect("rank 1 (pid" in err and "died during #" in err and "allreduce" in err,
+                   f"rank {r}'s error names the dead rank and the operation", err)
+        expect(took < 10, f"the survivors gave up within seconds ({took:.1f} s)")
+        expect(not during, "/dev/shm held no segment while the job ran (unlinked once mapped)", during)
+        expect(not shm_entries(), "and none afterwards", shm_entries())
+    elif SCENARIO == "mismatch":
+        procs = by_hand(2, "mismatch")
+        results = [p.communicate(timeout=60) for p in procs]
+        for r in (0, 1):
+            err = results[r][1]
+            expect(procs[r].returncode == 4, f"rank {r} raised mismatch_error", procs[r].returncode, err)
+            other = 1 - r
+            expect(f"rank {other} is at #2 " in err and "#2 allreduce f32 x 1048576 (sum)" in err
+                   and "#2 broadcast f32 x 4096 (root 0)" in err,
+                   f"rank {r}'s message names both sides", err)
+    else:
+        sys.exit(f"unknown scenario {SCENARIO}")
+    print(f"shm_process_test {SCENARIO}: 1 passed, 0 failed")
+
+
+main()

@@ -1,0 +1,134 @@
+// A rank of a real multi-process job using the shared-memory communicator, started by kftrun,
+// mpirun or by hand (tests/integration/shm_process_test.py). Modes:
+//   sweep      every collective on f32/bf16/i64 x sum/max/avg, counts 0..1Mi+3, in place and
+//              out of place, zero-copy; exit 0 when every element is right
+//   kill       allreduce in a loop; rank 1 kills itself (SIGKILL) at iteration 20; the others
+//              must fail with a kft::error (printed) and exit 3
+//   mismatch   rank 0 broadcasts 4096 floats while rank 1 allreduces 1048576: mismatch_error, exit 4
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <kft/kft.hpp>
+#include <kft/rendezvous/connect.hpp>
+#include <kft/transport/shm/communicator.hpp>
+#if KFT_WITH_MPI
+#include <kft/discovery/mpi.hpp>
+#include <kft/rendezvous/mpi_bootstrap.hpp>
+#endif
+
+using namespace std::chrono_literals;
+
+namespace {
+
+float value(int rank, std::size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 13)); }
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+void sweep(kft::shm::communicator& comm) {
+  const int me = comm.rank(), p = comm.size();
+  const float ranks_sum = static_cast<float>(p * (p + 1) / 2);
+  for (std::size_t n : {0ul, 1ul, 7ul, 4099ul, (1ul << 20) + 3}) {
+    for (auto a : {kft::algo::automatic, kft::algo::one_shot, kft::algo::two_shot}) {
+      std::vector<float> in(n), out(n);
+      for (std::size_t i = 0; i < n; ++i) in[i] = value(me, i);
+      comm.allreduce(std::span<const float>(in), std::span<float>(out), kft::ops::sum, {.algorithm = a});
+      for (std::size_t i = 0; i < n; ++i) check(out[i] == ranks_sum * static_cast<float>(i % 13), "allreduce f32 sum");
+      std::vector<kft::bfloat16> h(n);
+      for (std::size_t i = 0; i < n; ++i) h[i] = kft::bfloat16(static_cast<float>(me + static_cast<int>(i % 3)));
+      comm.allreduce(std::span<kft::bfloat16>(h), kft::ops::max, {.algorithm = a});
+      for (std::size_t i = 0; i < n; ++i) check(static_cast<float>(h[i]) == static_cast<float>(p - 1 + static_cast<int>(i % 3)), "allreduce bf16 max");
+      std::vector<std::int64_t> q(n, me * 10);
+      comm.allreduce(std::span<std::int64_t>(q), kft::ops::avg, {.algorithm = a});
+      for (auto x : q) check(x == (10 * (p * (p - 1) / 2)) / p, "allreduce i64 avg");
+      // broadcast from the last rank, in place
+      std::vector<float> b(n, me == p - 1 ? 3.5f : -1.f);
+      comm.broadcast(std::span<float>(b), p - 1, {.algorithm = a});
+      for (auto x : b) check(x == 3.5f, "broadcast");
+      // reduce_scatter and allgather
+      std::vector<float> rs_in(n * static_cast<std::size_t>(p)), rs_out(n);
+      for (std::size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = value(me, i);
+      comm.reduce_scatter(std::span<const float>(rs_in), std::span<float>(rs_out), kft::ops::sum, {.algorithm = a});
+      for (std::size_t i = 0; i < n; ++i)
+        check(rs_out[i] == ranks_sum * static_cast<float>((static_cast<std::size_t>(me) * n + i) % 13), "reduce_scatter");
+      std::vector<float> ag(n * static_cast<std::size_t>(p));
+      comm.allgather(std::span<const float>(in), std::span<float>(ag), {.algorithm = a});
+      for (std::size_t j = 0; j < ag.size(); ++j) check(ag[j] == value(static_cast<int>(j / n), j % n), "allgather");
+    }
+  }
+  auto zc = comm.allocate<float>(300001);
+  for (std::size_t i = 0; i < zc.size(); ++i) zc[i] = value(me, i);
+  comm.allreduce(zc, kft::ops::sum);
+  for (std::size_t i = 0; i < zc.size(); ++i) check(zc[i] == ranks_sum * static_cast<float>(i % 13), "zero-copy allreduce");
+  comm.barrier();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "sweep";
+  int status = 0;
+#if KFT_WITH_MPI
+  const bool mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  if (mpi) MPI_Init(&argc, &argv);
+#endif
+  try {
+    kft::rendezvous::store_handle store;
+    kft::world_info me;
+#if KFT_WITH_MPI
+    if (mpi) {
+      me = kft::discover_with_mpi();
+      store = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
+    } else
+#endif
+    {
+      me = kft::discover();
+      store = kft::rendezvous::connect_store(me);
+    }
+    kft::shm::config cfg;
+    cfg.pool_bytes = 4u << 20;
+    cfg.timeout = 60s;
+    cfg.name = "shm-worker";
+    kft::shm::communicator comm(store.client, me.rank, me.world_size, cfg);
+    if (mode == "sweep") {
+      sweep(comm);
+      std::printf("shm_worker sweep: rank %d of %d OK\n", me.rank, me.world_size);
+    } else if (mode == "kill") {
+      std::vector<float> buf(1 << 18, 1.0f);
+      try {
+        for (int it = 0; it < 100000; ++it) {
+          if (me.rank == 1 && it == 20) ::raise(SIGKILL);
+          comm.allreduce(std::span<float>(buf), kft::ops::avg);
+        }
+      } catch (const kft::error& e) {
+        std::fprintf(stderr, "rank %d: %s\n", me.rank, e.what());
+        status = 3;
+      }
+    } else if (mode == "mismatch") {
+      std::vector<float> big(1048576), small(4096);
+      comm.barrier();
+      try {
+        if (me.rank == 1) comm.allreduce(std::span<float>(big), kft::ops::sum);
+        else comm.broadcast(std::span<float>(small), 0);
+      } catch (const kft::mismatch_error& e) {
+        std::fprintf(stderr, "rank %d: %s\n", me.rank, e.what());
+        status = 4;
+      }
+    } else {
+      std::fprintf(stderr, "shm_worker: unknown mode %s\n", mode.c_str());
+      status = 2;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shm_worker: %s\n", e.what());
+    status = 1;
+  }
+#if KFT_WITH_MPI
+  if (mpi) MPI_Finalize();
+#endif
+  return status;
+}
