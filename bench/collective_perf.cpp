@@ -632,6 +632,14 @@ template <class T>
 void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
   constexpr std::size_t es = sizeof(T);
   const bool first_combo = algos_.empty();
+  // nccl-tests' TimeTest: warm up at the largest and at the smallest size before the first row.
+  std::size_t last = a_.min_bytes;
+  while (a_.step_factor > 1 ? last <= a_.max_bytes / a_.step_factor : last <= a_.max_bytes - a_.step_bytes)
+    last = a_.step_factor > 1 ? last * a_.step_factor : last + a_.step_bytes;
+  for (std::size_t size : {last, a_.min_bytes}) {
+    const shape sh = shape_of(size, es, n_);
+    for (int w = 0; w < a_.warmup; ++w) collective(send_, recv_, sh.count, t, op, root);
+  }
   for (std::size_t size = a_.min_bytes; size <= a_.max_bytes;) {
     const shape sh = shape_of(size, es, n_);
     const kft::algo chosen = a_.algorithm == kft::algo::automatic ? comm_->choose(kCollName, sh.send_bytes) : a_.algorithm;

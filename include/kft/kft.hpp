@@ -1,5 +1,6 @@
 /// @file kft/kft.hpp
-/// @brief The portable core of kft: errors, environment, discovery.
+/// @brief The portable core of kft: errors, environment, discovery, the rendezvous store and
+/// the shared-memory collectives.
 ///
 /// Components are included explicitly where used: `kft/discovery/mpi.hpp` (kft::mpi),
 /// `kft/topology/hwloc.hpp` (kft::hwloc), `kft/topology/cuda.hpp` (kft::cuda),
@@ -13,3 +14,5 @@
 #include <kft/core/parse.hpp>
 #include <kft/discovery/discover.hpp>
 #include <kft/discovery/world_info.hpp>
+#include <kft/rendezvous/connect.hpp>
+#include <kft/transport/shm/communicator.hpp>

@@ -14,6 +14,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <kft/core/dtype.hpp>
 #include <kft/core/error.hpp>
 #include <kft/core/ops.hpp>
@@ -100,6 +104,46 @@ void reduce_typed(void* dst, const void* const* srcs, int n, std::size_t count, 
 }
 
 }  // namespace detail
+
+/// @brief Copies `bytes`; with `streaming`, large aligned spans are written with non-temporal
+/// stores (no read-for-ownership, no cache pollution): for outputs bigger than the caches,
+/// which nobody reads again soon. Callers fence (`stream_fence`) before publishing.
+inline void copy(void* dst, const void* src, std::size_t bytes, bool streaming) {
+#if defined(__SSE2__)
+  if (streaming && bytes >= 4096) {
+    auto* d = static_cast<unsigned char*>(dst);
+    const auto* s = static_cast<const unsigned char*>(src);
+    const std::size_t head = (16 - (reinterpret_cast<std::uintptr_t>(d) & 15)) & 15;
+    std::memcpy(d, s, head);
+    d += head;
+    s += head;
+    bytes -= head;
+    std::size_t i = 0;
+    for (; i + 64 <= bytes; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+    std::memcpy(d + i, s + i, bytes - i);
+    return;
+  }
+#else
+  (void)streaming;
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+/// @brief Orders earlier streaming stores before later stores (e.g. a flag).
+inline void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
 
 /// @brief dst = srcs[0] op ... op srcs[n-1] (elementwise, in this order); `avg` divides by `divisor`.
 inline void reduce(void* dst, const void* const* srcs, int n, std::size_t count, dtype t, op_kind op, int divisor) {

@@ -45,9 +45,12 @@
 #include <kft/collectives/options.hpp>
 #include <kft/collectives/reduce_kernels.hpp>
 #include <kft/core/backoff.hpp>
+#include <kft/core/environment.hpp>
+#include <kft/core/parse.hpp>
 #include <kft/core/dtype.hpp>
 #include <kft/core/ops.hpp>
 #include <kft/core/work.hpp>
+#include <kft/discovery/world_info.hpp>
 #include <kft/rendezvous/store.hpp>
 #include <kft/transport/shm/segment.hpp>
 
@@ -58,9 +61,10 @@ using namespace std::chrono_literals;
 
 /// @brief Sizes and limits of a communicator, fixed at construction (all ranks must agree).
 struct config {
-  std::size_t staging_bytes = 512u << 10;  ///< per rank, per half of the double buffer (two-shot chunks)
+  std::size_t staging_bytes = 256u << 10;  ///< per rank, per half of the double buffer (chunk size; both halves fit L2)
   std::size_t small_bytes = 32u << 10;     ///< per rank, per parity: the one-shot slot
   std::size_t pool_bytes = 0;              ///< room for symmetric zero-copy buffers (`allocate`)
+  std::size_t streaming_bytes = 16u << 20;  ///< outputs from this size on bypass the caches
   std::chrono::milliseconds timeout = 300s;  ///< default deadline of every wait
   std::string name = "kft";                  ///< goes into the segment's name (e.g. the run id)
 };
@@ -92,12 +96,21 @@ struct signature {
   bool operator==(const signature&) const = default;
 };
 
+static_assert(sizeof(signature) == 48);
+
+/// The head of a rank's one-shot slot (one per call parity): the arrival flag, the call's
+/// signature and the first bytes of data share one cache line, so a tiny collective costs the
+/// reader one line per peer.
+struct alignas(64) mailbox {
+  std::atomic<std::uint64_t> seq;  // the call this mailbox holds; written last (release)
+  signature sig;
+  // data follows (mailbox_data_offset)
+};
+inline constexpr std::size_t mailbox_data_offset = 8 + sizeof(signature);
+
 struct alignas(64) rank_ctrl {
-  std::atomic<std::uint64_t> arrived;  // the latest call this rank has arrived at
-  char pad0[56];
   std::atomic<std::uint64_t> stage;  // chunk progress: chunk g is 3g+1 copied in, 3g+2 reduced, 3g+3 done
   char pad1[56];
-  signature sig[2];  // by call parity
   std::atomic<std::int32_t> pid;
   std::atomic<std::uint32_t> ready;
   std::atomic<std::uint64_t> pid_ns;  // inode of the rank's pid namespace
@@ -110,7 +123,8 @@ struct alignas(64) header {
   std::uint64_t small_bytes, staging_bytes, pool_bytes;
   std::atomic<std::uint32_t> mapped;  // segment.hpp's counter: the last mapper unlinks
   std::atomic<std::uint32_t> ready;
-  std::atomic<std::uint32_t> aborted;
+  std::atomic<std::uint32_t> abort_claim;  // taken by the first rank to abort
+  std::atomic<std::uint32_t> aborted;      // published after the reason and rank are written
   std::atomic<std::int32_t> abort_rank;
   char abort_reason[512];
 };
@@ -270,7 +284,9 @@ class communicator {
     detail::header* hdr = nullptr;
     detail::rank_ctrl* ctrl = nullptr;
     unsigned char* regions = nullptr;
-    std::size_t region_bytes = 0, small_off = 0, staging_off = 0, pool_off = 0;
+    std::size_t region_bytes = 0, small_off = 0, slot_bytes = 0, staging_off = 0, pool_off = 0;
+    std::vector<const void*> srcs;  // reduction sources, sized once: no allocation per call
+    bool oversubscribed = false;    // more local ranks than online CPUs
     std::uint64_t seq = 0;    // calls made
     std::uint64_t chunk = 0;  // staging chunks used (alternating buffers)
     std::size_t pool_used = 0;
@@ -297,6 +313,12 @@ class communicator {
 
     void init(rendezvous::store& store, int rank, int size, config c) {
       cfg = std::move(c);
+      // Like NCCL_BUFFSIZE: the environment can resize buffers without recompiling (all ranks
+      // must see the same values; the segment header check catches disagreement).
+      const auto env = environment::process();
+      if (auto v = env_int(env, "KFT_SHM_STAGING_BYTES", 4096, 1 << 30, "shm communicator")) cfg.staging_bytes = static_cast<std::size_t>(*v);
+      if (auto v = env_int(env, "KFT_SHM_SMALL_BYTES", 64, 1 << 26, "shm communicator")) cfg.small_bytes = static_cast<std::size_t>(*v);
+      if (auto v = env_int(env, "KFT_SHM_STREAMING_BYTES", 0, 1 << 30, "shm communicator")) cfg.streaming_bytes = static_cast<std::size_t>(*v);
       me = rank;
       p = size;
       cfg.small_bytes = detail::round_up(std::max<std::size_t>(cfg.small_bytes, 64), 64);
@@ -306,7 +328,8 @@ class communicator {
       const std::size_t ctrl_off = detail::round_up(sizeof(detail::header), 64);
       const std::size_t regions_off = detail::round_up(ctrl_off + sizeof(detail::rank_ctrl) * static_cast<std::size_t>(p), page);
       small_off = 0;
-      staging_off = detail::round_up(2 * cfg.small_bytes, page);
+      slot_bytes = detail::round_up(detail::mailbox_data_offset + cfg.small_bytes, 64);
+      staging_off = detail::round_up(2 * slot_bytes, page);
       pool_off = staging_off + 2 * cfg.staging_bytes;
       region_bytes = detail::round_up(pool_off + cfg.pool_bytes, page);
       const std::size_t total = regions_off + region_bytes * static_cast<std::size_t>(p);
@@ -319,6 +342,8 @@ class communicator {
       hdr = reinterpret_cast<detail::header*>(seg.data());
       ctrl = reinterpret_cast<detail::rank_ctrl*>(seg.data() + ctrl_off);
       regions = seg.data() + regions_off;
+      srcs.resize(static_cast<std::size_t>(p));
+      oversubscribed = p > static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
 
       if (me == 0) {  // the segment is zero-filled; atomics at zero are valid
         hdr->nranks = static_cast<std::uint32_t>(p);
@@ -360,7 +385,16 @@ class communicator {
     }
 
     unsigned char* region(int r) const { return regions + region_bytes * static_cast<std::size_t>(r); }
-    unsigned char* small(int r, std::uint64_t parity) const { return region(r) + small_off + (parity & 1) * cfg.small_bytes; }
+    detail::mailbox& box(int r, std::uint64_t parity) const {
+      return *reinterpret_cast<detail::mailbox*>(region(r) + small_off + (parity & 1) * slot_bytes);
+    }
+    // The one-shot data area of rank r's mailbox for a call of this parity.
+    unsigned char* small(int r, std::uint64_t parity) const {
+      return reinterpret_cast<unsigned char*>(&box(r, parity)) + detail::mailbox_data_offset;
+    }
+    std::uint64_t arrived(int r) const {
+      return std::max(box(r, 0).seq.load(std::memory_order_relaxed), box(r, 1).seq.load(std::memory_order_relaxed));
+    }
     unsigned char* staging(int r, std::uint64_t parity) const {
       return region(r) + staging_off + (parity & 1) * cfg.staging_bytes;
     }
@@ -435,7 +469,12 @@ class communicator {
       return s;
     }
 
+    static bool valid(const detail::signature& g) { return g.coll < 5 && g.type < 7 && g.op < 5 && g.algorithm < 3; }
+
     static std::string describe(const detail::signature& g) {
+      if (!valid(g))
+        return "#" + std::to_string(g.seq) + " <unreadable signature: collective " + std::to_string(g.coll) +
+               ", dtype " + std::to_string(g.type) + ", op " + std::to_string(g.op) + ">";
       const auto c = static_cast<collective>(g.coll);
       std::string s = "#" + std::to_string(g.seq) + " " + std::string(name(c));
       if (c == collective::barrier) return s;
@@ -451,6 +490,7 @@ class communicator {
 
     // "(f32 x 1048576, avg, two_shot)": a call's arguments, after the "allreduce #41" prefix.
     static std::string describe_args(const detail::signature& g) {
+      if (!valid(g)) return "";
       const auto c = static_cast<collective>(g.coll);
       if (c == collective::barrier) return "";
       std::string s = "(" + std::string(name(static_cast<dtype>(g.type))) + " x " + std::to_string(g.count);
@@ -461,10 +501,12 @@ class communicator {
 
     void abort(const std::string& reason) noexcept {
       if (hdr == nullptr) return;
+      // Claim first, fill in the reason, then publish: a reader that sees `aborted` sees both.
       std::uint32_t expected = 0;
-      if (hdr->aborted.compare_exchange_strong(expected, 1)) {
+      if (hdr->abort_claim.compare_exchange_strong(expected, 1)) {
         std::snprintf(hdr->abort_reason, sizeof hdr->abort_reason, "%s", reason.c_str());
-        hdr->abort_rank.store(me, std::memory_order_release);
+        hdr->abort_rank.store(me, std::memory_order_relaxed);
+        hdr->aborted.store(1, std::memory_order_release);
       }
       broken = true;
       if (broken_reason.empty()) broken_reason = reason;
@@ -538,7 +580,7 @@ class communicator {
           for (int r = 0; r < p; ++r)
             if (r != me && value_of(r) < target)
               missing += (missing.empty() ? "" : ", ") + std::to_string(r) + " (at #" +
-                         std::to_string(ctrl[r].arrived.load()) + ")";
+                         std::to_string(arrived(r)) + ")";
           fail(timeout_error((current ? describe_args(*current) : std::string()) + "timed out after " +
                                  kft::detail::describe_duration(timeout) + " in " + phase + " waiting for rank(s) " +
                                  missing,
@@ -581,19 +623,19 @@ class communicator {
       k.sig.algorithm = static_cast<std::uint8_t>(a);
       k.timeout = o.timeout.count() > 0 ? o.timeout : cfg.timeout;
       k.deadline = std::chrono::steady_clock::now() + k.timeout;
-      ctrl[me].sig[k.sig.seq & 1] = k.sig;
+      box(me, k.sig.seq).sig = k.sig;
       return k;
     }
 
     // Publishes arrival (after any data written before it), waits for everyone's, and compares
     // signatures: the first synchronisation of every call.
     void arrive_and_check(const call& k) {
-      ctrl[me].arrived.store(k.sig.seq, std::memory_order_release);
-      wait_peers([&](int r) { return ctrl[r].arrived.load(std::memory_order_acquire); }, k.sig.seq, "arrival", &k.sig,
-                 k.deadline, k.timeout);
+      box(me, k.sig.seq).seq.store(k.sig.seq, std::memory_order_release);
+      wait_peers([&](int r) { return box(r, k.sig.seq).seq.load(std::memory_order_acquire); }, k.sig.seq, "arrival",
+                 &k.sig, k.deadline, k.timeout);
       for (int r = 0; r < p; ++r) {
         if (r == me) continue;
-        const detail::signature theirs = ctrl[r].sig[k.sig.seq & 1];
+        const detail::signature theirs = box(r, k.sig.seq).sig;
         if (!(theirs == k.sig))
           fail(mismatch_error("rank " + std::to_string(r) + " is at " + describe(theirs) + ", rank " +
                                   std::to_string(me) + " at " + describe(k.sig),
@@ -628,17 +670,17 @@ class communicator {
     // -- choice ---------------------------------------------------------------------------------
 
     algo choose(collective c, std::size_t bytes) const {
-      // Below the crossover one synchronisation beats the two-shot's extra passes; measured with
-      // bench/allreduce_perf (docs/performance.md). The slot must hold the data.
-      std::size_t one_shot_limit = 0;
-      switch (c) {
-        case collective::allreduce: one_shot_limit = p <= 2 ? (16u << 10) : (8u << 10); break;
-        case collective::reduce_scatter: one_shot_limit = 16u << 10; break;
-        case collective::allgather:
-        case collective::broadcast: one_shot_limit = 32u << 10; break;
-        case collective::barrier: return algo::one_shot;
-      }
-      return bytes <= std::min(one_shot_limit, cfg.small_bytes) ? algo::one_shot : algo::two_shot;
+      if (c == collective::barrier) return algo::one_shot;
+      // More ranks than cores: a synchronisation costs a scheduler time slice, so the algorithm
+      // with the fewest (one-shot, chunked beyond the mailbox) wins at every size (measured for
+      // p = 3 and 4 on 2 cores, docs/performance.md).
+      if (oversubscribed) return algo::one_shot;
+      // Otherwise one-shot below a crossover that shrinks as one-shot's p-fold reads grow; the
+      // p = 2 value is measured (bench/allreduce_perf), the others follow the cost model in
+      // docs/algorithms.md.
+      std::size_t limit = p <= 2 ? (16u << 10) : p <= 4 ? (8u << 10) : (4u << 10);
+      if (c == collective::broadcast || c == collective::allgather) limit *= 2;  // no reduction pass
+      return bytes <= std::min(limit, cfg.small_bytes) ? algo::one_shot : algo::two_shot;
     }
 
     algo resolve(collective c, std::size_t bytes, const options& o) const {
@@ -656,7 +698,6 @@ class communicator {
         unsigned char* slot = small(me, k.sig.seq);
         std::memcpy(slot, in, bytes);
         arrive_and_check(k);
-        std::vector<const void*> srcs(static_cast<std::size_t>(p));
         for (int r = 0; r < p; ++r) srcs[static_cast<std::size_t>(r)] = small(r, k.sig.seq);
         kernels::reduce(out, srcs.data(), p, count, t, op, p);
         return;
@@ -664,53 +705,68 @@ class communicator {
       arrive_and_check(k);
       if (count == 0) return;
       const bool zc_in = in_off != detail::no_offset, zc_out = out_off != detail::no_offset;
+      // Outputs bigger than the caches are written with streaming stores (no read-for-ownership).
+      const bool stream = !zc_out && bytes >= cfg.streaming_bytes;
       // Chunk: a multiple of p elements that fits the staging buffer.
       std::size_t chunk_elems = cfg.staging_bytes / es;
       if (chunk_elems >= static_cast<std::size_t>(p)) chunk_elems -= chunk_elems % static_cast<std::size_t>(p);
-      std::vector<const void*> srcs(static_cast<std::size_t>(p));
+      const auto* src_user = static_cast<const unsigned char*>(in);
+      auto* dst_user = static_cast<unsigned char*>(out);
       for (std::size_t off = 0; off < count; off += chunk_elems) {
         const std::size_t n = std::min(chunk_elems, count - off);
         const std::uint64_t g = chunk++;
+        const auto [sb, sn] = slice(n, me);
         claim_chunk(k, g);
-        // Where rank r's input for this chunk is, and where its reduced slices go.
-        auto src_of = [&](int r) -> unsigned char* {
-          return zc_in ? pool(r) + in_off + off * es : staging(r, g);
-        };
-        auto red_of = [&](int r) -> unsigned char* {
-          if (zc_out) return pool(r) + out_off + off * es;
-          return staging(r, g);  // reduced slices overwrite the staged input in place
-        };
-        if (!zc_in) std::memcpy(staging(me, g), static_cast<const unsigned char*>(in) + off * es, n * es);
+        // 1. Copy in what the others will read: every slice but my own (I read mine in place).
+        if (!zc_in) {
+          if (a == algo::one_shot) {
+            std::memcpy(staging(me, g), src_user + off * es, n * es);
+          } else {
+            std::memcpy(staging(me, g), src_user + off * es, sb * es);
+            std::memcpy(staging(me, g) + (sb + sn) * es, src_user + (off + sb + sn) * es, (n - sb - sn) * es);
+          }
+        }
         set_stage(3 * g + 1);
         wait_stage(k, 3 * g + 1, "copy-in");
+        auto src_of = [&](int r) -> const unsigned char* {
+          return zc_in ? pool(r) + in_off + off * es : staging(r, g);
+        };
         if (a == algo::one_shot) {  // chunked one-shot: everyone reduces everything
           for (int r = 0; r < p; ++r) srcs[static_cast<std::size_t>(r)] = src_of(r);
-          kernels::reduce(static_cast<unsigned char*>(out) + off * es, srcs.data(), p, n, t, op, p);
+          if (zc_out) {
+            // The output is in the shared pool, where peers may still be reading their inputs:
+            // reduce aside, and write it only once everyone is done reading this chunk.
+            // Scratch: my other staging buffer, which every peer finished with (chunk g-1)
+            // before it flagged chunk g.
+            unsigned char* scratch = staging(me, g + 1);
+            kernels::reduce(scratch, srcs.data(), p, n, t, op, p);
+            set_stage(3 * g + 2);
+            wait_stage(k, 3 * g + 2, "one-shot reduce");
+            std::memcpy(dst_user + off * es, scratch, n * es);
+          } else {
+            kernels::reduce(dst_user + off * es, srcs.data(), p, n, t, op, p);
+          }
           set_stage(3 * g + 3);
           continue;
         }
-        // Reduce-scatter: my slice of the chunk from every rank.
-        const auto [sb, sn] = slice(n, me);
-        for (int r = 0; r < p; ++r) srcs[static_cast<std::size_t>(r)] = src_of(r) + sb * es;
-        if (zc_in && !zc_out) {
-          // Private output: the reduced slice goes to staging, where the others can read it.
-          kernels::reduce(staging(me, g) + sb * es, srcs.data(), p, sn, t, op, p);
-        } else {
-          kernels::reduce(red_of(me) + sb * es, srcs.data(), p, sn, t, op, p);
-        }
+        // 2. Reduce-scatter: my slice of the chunk from every rank, into shared memory where the
+        //    others fetch it (my pool output, else my staging slice), and into my output.
+        for (int r = 0; r < p; ++r)
+          srcs[static_cast<std::size_t>(r)] =
+              (r == me && !zc_in ? src_user + off * es : src_of(r)) + sb * es;
+        unsigned char* shared_slice = zc_out ? pool(me) + out_off + (off + sb) * es : staging(me, g) + sb * es;
+        kernels::reduce(shared_slice, srcs.data(), p, sn, t, op, p);
+        if (!zc_out) kernels::copy(dst_user + (off + sb) * es, shared_slice, sn * es, stream);
         set_stage(3 * g + 2);
         wait_stage(k, 3 * g + 2, "reduce-scatter");
-        // Allgather: everyone's reduced slice into my output.
-        auto reduced_of = [&](int r) -> unsigned char* {
-          if (zc_in && !zc_out) return staging(r, g);
-          return red_of(r);
-        };
-        unsigned char* dst = static_cast<unsigned char*>(out) + off * es;
+        // 3. Allgather: the others' reduced slices into my output.
         for (int r = 0; r < p; ++r) {
+          if (r == me) continue;
           const auto [b0, bn] = slice(n, r);
-          unsigned char* from = reduced_of(r) + b0 * es;
-          if (from != dst + b0 * es) std::memcpy(dst + b0 * es, from, bn * es);
+          const unsigned char* from = zc_out ? pool(r) + out_off + (off + b0) * es : staging(r, g) + b0 * es;
+          kernels::copy(dst_user + (off + b0) * es, from, bn * es, stream);
         }
+        if (stream) kernels::stream_fence();
         set_stage(3 * g + 3);
       }
     }
@@ -759,7 +815,6 @@ class communicator {
       const std::size_t es = size_of(t), bytes = rc * es * static_cast<std::size_t>(p);
       const algo a = resolve(collective::reduce_scatter, bytes, o);
       auto k = begin(collective::reduce_scatter, t, op, rc, -1, a, o, detail::no_offset, detail::no_offset);
-      std::vector<const void*> srcs(static_cast<std::size_t>(p));
       if (a == algo::one_shot && bytes <= cfg.small_bytes) {
         std::memcpy(small(me, k.sig.seq), in, bytes);
         arrive_and_check(k);
@@ -831,6 +886,19 @@ class communicator {
 
   std::unique_ptr<state> s_;
 };
+
+/// @brief The communicator of this process's node: ranks on the same host (by the discovered
+/// local view), meeting under "node/<hostname>/" in the job's store.
+/// @throws usage_error when the launcher did not say which ranks share this node
+inline communicator node_communicator(std::shared_ptr<rendezvous::store> store, const world_info& w, config cfg = {}) {
+  if (!w.local_rank || !w.local_size)
+    throw usage_error("the local view is unknown (backend " + w.backend +
+                          "): cannot tell which ranks share this node; launch with kftrun, mpirun or srun",
+                      error_site::of("shm init"));
+  auto scoped = std::make_shared<rendezvous::prefix_store>(std::move(store), "node/" + w.hostname + "/" +
+                                                                                 std::to_string(w.node_rank.value_or(0)) + "/");
+  return communicator(std::move(scoped), *w.local_rank, *w.local_size, std::move(cfg));
+}
 
 }  // namespace shm
 KFT_NAMESPACE_END
