@@ -156,7 +156,7 @@ struct settings {
   std::vector<kft::dtype> types{kft::dtype::f32};
   std::vector<kft::op_kind> ops{kft::op_kind::sum};
   kft::algo algorithm = kft::algo::automatic;
-  bool zero_copy = false, peers = kColl == coll::allreduce, gloo = true, latency = false, p50 = false;
+  bool zero_copy = false, peers = kColl == coll::allreduce, gloo = true, latency = false, p50 = false, algos = false;
   double peer_budget = 2.0;
   int timeout_s = 0, latency_iters = 10000;
   std::size_t staging_bytes = 0, small_bytes = 0, latency_max = 64u << 10;
@@ -236,6 +236,8 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   app.add_option("-g,--ngpus", ngpus, "nccl-tests' GPUs per thread (must be 1)");
   app.add_option("-m,--agg_iters", agg, "nccl-tests' aggregated iterations (must be 1)");
   app.add_option("--algo", al, "kft algorithm: auto, one_shot, two_shot")->capture_default_str();
+  app.add_flag("--algos", a.algos,
+               "also time every forced algorithm (out-of-place) right after each row: a same-run comparison table");
   app.add_flag("--zero-copy", a.zero_copy, "buffers from comm.allocate_bytes (inside the shared segment)");
   app.add_option("--json", a.json_path, "write rows (nccl-tests -J layout plus peers and kft's algorithm) to FILE");
   app.add_flag("--peers,!--no-peers", a.peers,
@@ -525,11 +527,12 @@ class bench {
   }
 
   void collective(const void* in, void* out, std::size_t count, kft::dtype t, [[maybe_unused]] kft::op_kind op,
-                  [[maybe_unused]] int root) {
-    if constexpr (kColl == coll::allreduce) comm_->allreduce(in, out, count, t, op, opts_);
-    else if constexpr (kColl == coll::broadcast) comm_->broadcast(in, out, count, t, root, opts_);
-    else if constexpr (kColl == coll::reduce_scatter) comm_->reduce_scatter(in, out, count, t, op, opts_);
-    else comm_->allgather(in, out, count, t, opts_);
+                  [[maybe_unused]] int root, const kft::options* o = nullptr) {
+    const kft::options& opt = o ? *o : opts_;
+    if constexpr (kColl == coll::allreduce) comm_->allreduce(in, out, count, t, op, opt);
+    else if constexpr (kColl == coll::broadcast) comm_->broadcast(in, out, count, t, root, opt);
+    else if constexpr (kColl == coll::reduce_scatter) comm_->reduce_scatter(in, out, count, t, op, opt);
+    else comm_->allgather(in, out, count, t, opt);
   }
 
   // Where the in-place form of the collective reads and writes (nccl-tests' in-place offsets).
@@ -567,6 +570,14 @@ class bench {
   double worst_minflt_ = 0;
   std::vector<kft_row> float_sum_rows_;
   std::vector<std::pair<std::size_t, kft::algo>> algos_;  // per size of the first type/op
+  struct algo_row {
+    std::string type, op;
+    std::size_t size;
+    kft::algo chosen;
+    double busbw[3];  // auto, one_shot, two_shot
+  };
+  std::vector<algo_row> algo_rows_;
+  void print_algos();
   json doc_, rows_ = json::array(), latency_ = json::array(), peer_notes_ = json::array();
   std::string start_time_;
 
@@ -694,6 +705,21 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
       std::printf("\n");
       std::fflush(stdout);
     }
+    if (a_.algos) {  // the forced algorithms, out-of-place, right after this row
+      algo_row ar{type_name, op_name, sh.size(), chosen, {row["out_of_place"]["bus_bw"].get<double>(), 0, 0}};
+      json forced = json::object();
+      for (kft::algo f : {kft::algo::one_shot, kft::algo::two_shot}) {
+        kft::options o = opts_;
+        o.algorithm = f;
+        MPI_Barrier(MPI_COMM_WORLD);
+        const timing tm = time_calls(a_.warmup, a_.iters, [&] { collective(send_, recv_, sh.count, t, op, root, &o); });
+        const double algbw = tm.sec > 0 ? static_cast<double>(sh.alg_bytes) / 1e9 / tm.sec : 0;
+        ar.busbw[static_cast<int>(f)] = algbw * bus_factor(n_);
+        forced[std::string(kft::name(f))] = {{"time", tm.sec * 1e6}, {"alg_bw", algbw}, {"bus_bw", algbw * bus_factor(n_)}};
+      }
+      row["out_of_place_forced"] = std::move(forced);
+      algo_rows_.push_back(ar);
+    }
     row["actual_iterations"] = a_.iters;
     row["algorithm"] = std::string(kft::name(chosen));
     row["algorithm_requested"] = std::string(kft::name(a_.algorithm));
@@ -780,6 +806,20 @@ void bench::print_footer() {
     std::printf("\n");
   }
   std::printf("# minor page faults per timed kft call, worst rank and size: %g\n", worst_minflt_);
+  std::fflush(stdout);
+}
+
+void bench::print_algos() {
+  if (me_ != 0 || algo_rows_.empty()) return;
+  std::printf("#\n# kft algorithms in the same run: out-of-place busbw (GB/s), forced algorithms timed right after each row\n");
+  std::printf("# %10s  %8s  %6s  %8s  %8s  %8s  %8s  %9s\n", "size", "type", "redop", "auto", "auto", "one_shot",
+              "two_shot", "auto/best");
+  std::printf("# %10s  %8s  %6s  %8s  %8s  %8s  %8s  %9s\n", "(B)", "", "", "chose", "(GB/s)", "(GB/s)", "(GB/s)", "");
+  for (const auto& r : algo_rows_) {
+    const double best = std::max(r.busbw[1], r.busbw[2]);
+    std::printf("# %10zu  %8s  %6s  %8s  %8.2f  %8.2f  %8.2f  %9.2f\n", r.size, r.type.c_str(), r.op.c_str(),
+                std::string(kft::name(r.chosen)).c_str(), r.busbw[0], r.busbw[1], r.busbw[2], best > 0 ? r.busbw[0] / best : 0.0);
+  }
   std::fflush(stdout);
 }
 
@@ -1129,6 +1169,7 @@ int bench::run() {
         }
     }
   print_footer();
+  print_algos();
   run_peers();
   run_latency();
   write_json();

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -67,6 +68,34 @@ void reduce_native(void* dst_v, const void* const* srcs, int n, std::size_t coun
   }
 }
 
+// Widening and narrowing of 16-bit floats in bulk. binary16 uses the compiler's _Float16 where it
+// has one (hardware conversion instructions with F16C, otherwise libgcc's exact routines);
+// bfloat16 is a shift.
+template <class H>
+inline void widen(float* out, const std::uint16_t* in, std::size_t m) {
+#if defined(__FLT16_MAX__)
+  if constexpr (std::is_same_v<H, half>) {
+    _Float16 tmp[256];
+    std::memcpy(tmp, in, m * 2);
+    for (std::size_t j = 0; j < m; ++j) out[j] = static_cast<float>(tmp[j]);
+    return;
+  }
+#endif
+  for (std::size_t j = 0; j < m; ++j) out[j] = H::to_float(in[j]);
+}
+template <class H>
+inline void narrow(std::uint16_t* out, const float* in, std::size_t m) {
+#if defined(__FLT16_MAX__)
+  if constexpr (std::is_same_v<H, half>) {
+    _Float16 tmp[256];
+    for (std::size_t j = 0; j < m; ++j) tmp[j] = static_cast<_Float16>(in[j]);
+    std::memcpy(out, tmp, m * 2);
+    return;
+  }
+#endif
+  for (std::size_t j = 0; j < m; ++j) out[j] = H::from_float(in[j]);
+}
+
 // 16-bit floats: widen a block to float, reduce, round once.
 template <class H, op_kind Op>
 void reduce_16(void* dst_v, const void* const* srcs, int n, std::size_t count, int divisor) {
@@ -77,15 +106,15 @@ void reduce_16(void* dst_v, const void* const* srcs, int n, std::size_t count, i
   for (std::size_t i = 0; i < count; i += B) {
     const std::size_t m = std::min(B, count - i);
     std::memcpy(raw, static_cast<const std::uint16_t*>(srcs[0]) + i, m * 2);
-    for (std::size_t j = 0; j < m; ++j) acc[j] = H::to_float(raw[j]);
+    widen<H>(acc, raw, m);
     for (int k = 1; k < n; ++k) {
       std::memcpy(raw, static_cast<const std::uint16_t*>(srcs[k]) + i, m * 2);
-      for (std::size_t j = 0; j < m; ++j) x[j] = H::to_float(raw[j]);
+      widen<H>(x, raw, m);
       for (std::size_t j = 0; j < m; ++j) acc[j] = apply<float, Op>(acc[j], x[j]);
     }
     if constexpr (Op == op_kind::avg)
       for (std::size_t j = 0; j < m; ++j) acc[j] /= static_cast<float>(divisor);
-    for (std::size_t j = 0; j < m; ++j) raw[j] = H::from_float(acc[j]);
+    narrow<H>(raw, acc, m);
     std::memcpy(dst + i, raw, m * 2);
   }
 }
