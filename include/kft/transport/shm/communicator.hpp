@@ -888,13 +888,19 @@ class communicator {
 };
 
 /// @brief The communicator of this process's node: ranks on the same host (by the discovered
-/// local view), meeting under "node/<hostname>/" in the job's store.
+/// local view), meeting under "node/<hostname>/" in the job's store. The segment is named after
+/// the job's run id (KFT_RUN_ID / TORCHELASTIC_RUN_ID) plus random bytes.
 /// @throws usage_error when the launcher did not say which ranks share this node
 inline communicator node_communicator(std::shared_ptr<rendezvous::store> store, const world_info& w, config cfg = {}) {
   if (!w.local_rank || !w.local_size)
     throw usage_error("the local view is unknown (backend " + w.backend +
                           "): cannot tell which ranks share this node; launch with kftrun, mpirun or srun",
                       error_site::of("shm init"));
+  if (cfg.name == "kft") {  // name the segment after the job, as launchers know it
+    const auto env = environment::process();
+    if (auto id = env.get("KFT_RUN_ID").value_or(env.get("TORCHELASTIC_RUN_ID").value_or("")); !id.empty())
+      cfg.name = "kft-" + id;
+  }
   auto scoped = std::make_shared<rendezvous::prefix_store>(std::move(store), "node/" + w.hostname + "/" +
                                                                                  std::to_string(w.node_rank.value_or(0)) + "/");
   return communicator(std::move(scoped), *w.local_rank, *w.local_size, std::move(cfg));
