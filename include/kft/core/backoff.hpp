@@ -28,9 +28,11 @@ class backoff {
   explicit backoff(std::chrono::microseconds max_sleep = std::chrono::milliseconds(20)) : max_sleep_(max_sleep) {}
 
   void pause() {
-    if (step_ < spins) {
+    if (step_ < fast_spins) {
+      KFT_DETAIL_CPU_RELAX();  // poll often at first: a flag set by a running peer shows up fast
+    } else if (step_ < fast_spins + slow_spins) {
       for (int i = 0; i < 16; ++i) KFT_DETAIL_CPU_RELAX();
-    } else if (step_ < spins + yields) {
+    } else if (step_ < fast_spins + slow_spins + yields) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(sleep_);
@@ -44,7 +46,8 @@ class backoff {
   }
 
  private:
-  static constexpr int spins = 64;
+  static constexpr int fast_spins = 256;
+  static constexpr int slow_spins = 64;
   static constexpr int yields = 64;
   int step_ = 0;
   std::chrono::microseconds sleep_{50};
