@@ -28,7 +28,12 @@
 //    not page-fault; what MALLOC_MMAP_THRESHOLD_ does), and Gloo's ring allreduce over TCP on
 //    127.0.0.1 when built with Gloo. Their iterations are capped so that one size takes about
 //    --peer-budget seconds.
-//  - --latency: per-call p50/p99 of small float-sum allreduces, kft vs MPI_Allreduce.
+//  - --latency: per-call p50/p99 of small float-sum allreduces, kft vs MPI_Allreduce (each call's
+//    time is the slowest rank's; back-to-back one-shot calls overlap, so the table's average
+//    call can be shorter than this p50).
+//  - --algos: every forced algorithm timed right after each row, so "is auto the best choice"
+//    is answered within one run (on a shared VM whole runs can be 2x apart).
+//  - --p50: nccl-tests-like per-call columns (i_p50, i_p99) after each half of the table.
 //
 // Only rank 0 prints. Extra tables are '#' lines after nccl-tests' footer, so the only
 // non-comment lines are nccl-tests' rows.
@@ -455,6 +460,87 @@ struct kft_row {  // what the peers table needs of a float-sum row
   std::size_t json_index = 0;
 };
 
+#if KFT_BENCH_WITH_GLOO
+// Gloo's context over TCP on the loopback interface; the rendezvous is a FileStore in a fresh
+// directory under /tmp whose name rank 0 broadcasts.
+class gloo_peer {
+ public:
+  gloo_peer(int rank, int size) {
+    std::string dir(256, '\0');
+    if (rank == 0) {
+      char tmpl[] = "/tmp/kft-bench-gloo-XXXXXX";
+      if (::mkdtemp(tmpl) != nullptr) std::snprintf(dir.data(), dir.size(), "%s", tmpl);
+    }
+    MPI_Bcast(dir.data(), static_cast<int>(dir.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+    dir.resize(std::strlen(dir.c_str()));
+    if (dir.empty()) throw std::runtime_error("mkdtemp(/tmp/kft-bench-gloo-XXXXXX) failed on rank 0");
+    std::string failure;
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = "127.0.0.1";
+      attr.ai_family = AF_INET;
+      auto dev = gloo::transport::tcp::CreateDevice(attr);
+      gloo::rendezvous::FileStore store(dir);
+      ctx_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      ctx_->setTimeout(std::chrono::seconds(300));
+      ctx_->connectFullMesh(store, dev);
+    } catch (const std::exception& e) {
+      failure = e.what();
+      ctx_.reset();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+    int ok = ctx_ ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!ok) throw std::runtime_error("gloo set-up failed" + (failure.empty() ? std::string() : ": " + failure));
+  }
+  void allreduce(const float* in, float* out, std::size_t count) {
+    gloo::AllreduceOptions o(ctx_);
+    o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    o.setInput(const_cast<float*>(in), count);
+    o.setOutput(out, count);
+    o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
+    o.setTag(tag_++);
+    gloo::allreduce(o);
+  }
+
+ private:
+  std::shared_ptr<gloo::rendezvous::Context> ctx_;
+  std::uint32_t tag_ = 0;
+};
+#endif
+
+struct peer_point {
+  double time_us = 0, algbw = 0, busbw = 0, minflt = 0;
+  int iters = 0;
+  bool valid = false;
+};
+
+// Lifts the calling thread's CPU binding for its lifetime (threads it creates inherit that).
+class unbound_scope {
+ public:
+  unbound_scope() {
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    const long ncpu = ::sysconf(_SC_NPROCESSORS_ONLN);
+    for (long c = 0; c < ncpu && c < CPU_SETSIZE; ++c) CPU_SET(static_cast<int>(c), &all);
+    active_ = ::sched_getaffinity(0, sizeof bound_, &bound_) == 0 && ::sched_setaffinity(0, sizeof all, &all) == 0;
+  }
+  ~unbound_scope() {
+    if (active_) ::sched_setaffinity(0, sizeof bound_, &bound_);
+  }
+  unbound_scope(const unbound_scope&) = delete;
+  unbound_scope& operator=(const unbound_scope&) = delete;
+  bool active() const { return active_; }
+
+ private:
+  cpu_set_t bound_{};
+  bool active_ = false;
+};
+
 class bench {
  public:
   bench(const settings& s, int rank, int nranks) : a_(s), me_(rank), n_(nranks) {}
@@ -551,7 +637,12 @@ class bench {
 
   void print_header();
   void print_footer();
-  void run_peers();
+  // Peers (allreduce_perf, float sum): MPI_Allreduce as configured is measured for every size
+  // before kft's table (mallopt cannot be undone), then mallopt, then memcpy, tuned MPI and Gloo
+  // right after each kft row, so kft and its peers are timed seconds apart.
+  void peers_before();
+  void peers_after_row(std::size_t idx);
+  void print_peers();
   void run_latency();
   void write_json();
 
@@ -569,6 +660,14 @@ class bench {
   int bw_count_ = 0;
   double worst_minflt_ = 0;
   std::vector<kft_row> float_sum_rows_;
+  bool peers_on_ = false;
+  std::vector<std::pair<std::size_t, peer_point>> mpi_def_;  // by count
+  std::vector<peer_point> mcp_, mpi_tuned_, gl_;
+  int mmap_ok_ = 0, trim_ok_ = 0;
+  std::string gloo_note_ = "not built with Gloo";
+#if KFT_BENCH_WITH_GLOO
+  std::unique_ptr<gloo_peer> gloo_;
+#endif
   std::vector<std::pair<std::size_t, kft::algo>> algos_;  // per size of the first type/op
   struct algo_row {
     std::string type, op;
@@ -665,6 +764,7 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
     }
     json row = {{"size", sh.size()}, {"count", sh.count}, {"type", type_name}, {"redop", op_name},
                 {"root", root_str(root_col)}};
+    double oop_us = 0, oop_busbw = 0;
     for (int half = 0; half < 2; ++half) {
       const bool in_place = half == 1;
       std::int64_t wrong = 0, changed = 0;
@@ -698,8 +798,10 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
                 {"nwrong", a_.check ? json(wrong) : json(nullptr)}, {"minflt_per_call", tm.minflt}};
       if (st) h["per_iter"] = {{"p50_us", st->p50 * 1e6}, {"p99_us", st->p99 * 1e6}};
       row[in_place ? "in_place" : "out_of_place"] = h;
-      if (!in_place && t == kft::dtype::f32 && op == kft::op_kind::sum && kColl == coll::allreduce)
-        float_sum_rows_.push_back({sh.size(), sh.count, std::string(kft::name(chosen)), tm.sec * 1e6, busbw, rows_.size()});
+      if (!in_place) {
+        oop_us = tm.sec * 1e6;
+        oop_busbw = busbw;
+      }
     }
     if (me_ == 0) {
       std::printf("\n");
@@ -725,6 +827,10 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
     row["algorithm_requested"] = std::string(kft::name(a_.algorithm));
     row["zero_copy"] = a_.zero_copy;
     rows_.push_back(std::move(row));
+    if (kColl == coll::allreduce && t == kft::dtype::f32 && op == kft::op_kind::sum) {
+      float_sum_rows_.push_back({sh.size(), sh.count, std::string(kft::name(chosen)), oop_us, oop_busbw, rows_.size() - 1});
+      if (peers_on_) peers_after_row(float_sum_rows_.size() - 1);
+    }
     if (a_.step_factor > 1) {
       if (size > a_.max_bytes / a_.step_factor) break;
       size *= a_.step_factor;
@@ -823,98 +929,82 @@ void bench::print_algos() {
   std::fflush(stdout);
 }
 
-#if KFT_BENCH_WITH_GLOO
-// Gloo's context over TCP on the loopback interface; the rendezvous is a FileStore in a fresh
-// directory under /tmp whose name rank 0 broadcasts.
-class gloo_peer {
- public:
-  gloo_peer(int rank, int size) {
-    std::string dir(256, '\0');
-    if (rank == 0) {
-      char tmpl[] = "/tmp/kft-bench-gloo-XXXXXX";
-      if (::mkdtemp(tmpl) != nullptr) std::snprintf(dir.data(), dir.size(), "%s", tmpl);
-    }
-    MPI_Bcast(dir.data(), static_cast<int>(dir.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir.resize(std::strlen(dir.c_str()));
-    if (dir.empty()) throw std::runtime_error("mkdtemp(/tmp/kft-bench-gloo-XXXXXX) failed on rank 0");
-    std::string failure;
-    try {
-      gloo::transport::tcp::attr attr;
-      attr.hostname = "127.0.0.1";
-      attr.ai_family = AF_INET;
-      auto dev = gloo::transport::tcp::CreateDevice(attr);
-      gloo::rendezvous::FileStore store(dir);
-      ctx_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
-      ctx_->setTimeout(std::chrono::seconds(300));
-      ctx_->connectFullMesh(store, dev);
-    } catch (const std::exception& e) {
-      failure = e.what();
-      ctx_.reset();
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-    int ok = ctx_ ? 1 : 0;
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (!ok) throw std::runtime_error("gloo set-up failed" + (failure.empty() ? std::string() : ": " + failure));
-  }
-  void allreduce(const float* in, float* out, std::size_t count) {
-    gloo::AllreduceOptions o(ctx_);
-    o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    o.setInput(const_cast<float*>(in), count);
-    o.setOutput(out, count);
-    o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
-    o.setTag(tag_++);
-    gloo::allreduce(o);
-  }
+namespace {
+peer_point point_of(const std::pair<timing, int>& r, std::size_t bytes, double factor) {
+  peer_point p;
+  p.time_us = r.first.sec * 1e6;
+  p.algbw = r.first.sec > 0 ? static_cast<double>(bytes) / 1e9 / r.first.sec : 0;
+  p.busbw = p.algbw * factor;
+  p.minflt = r.first.minflt;
+  p.iters = r.second;
+  p.valid = true;
+  return p;
+}
+}  // namespace
 
- private:
-  std::shared_ptr<gloo::rendezvous::Context> ctx_;
-  std::uint32_t tag_ = 0;
-};
-#endif
-
-struct peer_point {
-  double time_us = 0, algbw = 0, busbw = 0, minflt = 0;
-  int iters = 0;
-  bool valid = false;
-};
-
-void bench::run_peers() {
-  if (!a_.peers) return;
-  if (float_sum_rows_.empty()) {
-    if (me_ == 0)
-      std::printf("#\n# peers: measured for float sum only; this run has no float sum rows (-d float -o sum)\n");
-    return;
-  }
-  const double factor = bus_factor(n_);
-  const std::size_t k = float_sum_rows_.size();
-  std::vector<peer_point> mcp(k), mpi_def(k), mpi_tuned(k), gl(k);
-  auto point = [&](const std::pair<timing, int>& r, std::size_t bytes) {
-    peer_point p;
-    p.time_us = r.first.sec * 1e6;
-    p.algbw = r.first.sec > 0 ? static_cast<double>(bytes) / 1e9 / r.first.sec : 0;
-    p.busbw = p.algbw * factor;
-    p.minflt = r.first.minflt;
-    p.iters = r.second;
-    p.valid = true;
-    return p;
-  };
+void bench::peers_before() {
+  if (!peers_on_) return;
   auto* fin = static_cast<const float*>(send_);
   auto* fout = static_cast<float*>(recv_);
-  // Valid numbers in the inputs (kft's timed in-place calls may have left inf there).
-  MPI_Barrier(MPI_COMM_WORLD);
-  const pattern pt(kft::dtype::f32, kft::op_kind::sum, n_);
-  fill<float>(send_, float_sum_rows_.back().count, [&](std::size_t i) { return static_cast<float>(pt.at(me_, i)); });
+  // Warm-up at the largest and the smallest size, as before kft's rows.
+  std::size_t last = a_.min_bytes;
+  while (a_.step_factor > 1 ? last <= a_.max_bytes / a_.step_factor : last <= a_.max_bytes - a_.step_bytes)
+    last = a_.step_factor > 1 ? last * a_.step_factor : last + a_.step_bytes;
+  for (std::size_t size : {last, a_.min_bytes}) {
+    const std::size_t cnt = shape_of(size, sizeof(float), n_).count;
+    if (cnt == 0 || cnt > static_cast<std::size_t>(INT_MAX)) continue;
+    for (int w = 0; w < std::max(1, a_.warmup); ++w)
+      MPI_Allreduce(fin, fout, static_cast<int>(cnt), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  }
+  for (std::size_t size = a_.min_bytes; size <= a_.max_bytes;) {
+    const shape sh = shape_of(size, sizeof(float), n_);
+    if (sh.count > 0 && sh.count <= static_cast<std::size_t>(INT_MAX)) {
+      const int c = static_cast<int>(sh.count);
+      mpi_def_.emplace_back(sh.count, point_of(time_budgeted([&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }),
+                                               sh.count * sizeof(float), bus_factor(n_)));
+    }
+    if (a_.step_factor > 1) {
+      if (size > a_.max_bytes / a_.step_factor) break;
+      size *= a_.step_factor;
+    } else {
+      if (size > a_.max_bytes - a_.step_bytes) break;
+      size += a_.step_bytes;
+    }
+  }
+  // "Tuned": freed memory stays in the heap, so per-call temporaries stop page-faulting.
+  mmap_ok_ = ::mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  trim_ok_ = ::mallopt(M_TRIM_THRESHOLD, INT_MAX);
+#if KFT_BENCH_WITH_GLOO
+  if (a_.gloo) {
+    // Gloo does its socket I/O on a thread it creates with the device. Bound to its rank's one
+    // core (mpirun's default for few ranks) that thread waits for a scheduler tick on every
+    // message; it is created, and Gloo runs, without the binding, as under torchrun.
+    unbound_scope unbound;
+    try {
+      gloo_ = std::make_unique<gloo_peer>(me_, n_);
+      gloo_note_ = std::string("gloo::allreduce, ring, TCP on 127.0.0.1, tuned malloc") +
+                   (unbound.active() ? ", ranks not bound to cores while Gloo runs" : "");
+    } catch (const std::exception& e) {
+      gloo_note_ = std::string("Gloo failed: ") + e.what();
+    }
+  } else {
+    gloo_note_ = "off (--no-gloo)";
+  }
+#endif
+}
 
-  // memcpy: rank 0 alone, the others wait in a barrier.
-  for (std::size_t i = 0; i < k; ++i) {
-    const std::size_t bytes = float_sum_rows_[i].count * sizeof(float);
-    if (bytes == 0) continue;
+void bench::peers_after_row(std::size_t idx) {
+  const auto& r = float_sum_rows_[idx];
+  const std::size_t bytes = r.count * sizeof(float);
+  const double factor = bus_factor(n_);
+  auto* fin = static_cast<const float*>(send_);
+  auto* fout = static_cast<float*>(recv_);
+  peer_point mc, tuned, gl;
+  if (bytes > 0) {
+    // memcpy: rank 0 alone, the others wait in a barrier.
     double per = 0;
     int iters = 0;
+    MPI_Barrier(MPI_COMM_WORLD);
     if (me_ == 0) {
       auto t0 = clk::now();
       std::memcpy(recv_, send_, bytes);
@@ -931,112 +1021,92 @@ void bench::run_peers() {
     }
     MPI_Bcast(&per, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     MPI_Bcast(&iters, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    mcp[i].time_us = per * 1e6;
-    mcp[i].algbw = mcp[i].busbw = per > 0 ? static_cast<double>(bytes) / 1e9 / per : 0;
-    mcp[i].iters = iters;
-    mcp[i].valid = true;
-  }
-  auto mpi_sweep = [&](std::vector<peer_point>& out) {
-    for (std::size_t i = 0; i < k; ++i) {
-      const std::size_t cnt = float_sum_rows_[i].count;
-      if (cnt == 0 || cnt > static_cast<std::size_t>(INT_MAX)) continue;
-      const int c = static_cast<int>(cnt);
-      out[i] = point(time_budgeted([&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }),
-                     cnt * sizeof(float));
+    mc.time_us = per * 1e6;
+    mc.algbw = mc.busbw = per > 0 ? static_cast<double>(bytes) / 1e9 / per : 0;
+    mc.iters = iters;
+    mc.valid = true;
+    if (r.count <= static_cast<std::size_t>(INT_MAX)) {
+      const int c = static_cast<int>(r.count);
+      tuned = point_of(time_budgeted([&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }), bytes, factor);
     }
-  };
-  mpi_sweep(mpi_def);
-  // "Tuned": freed memory stays in the heap, so per-call temporaries stop page-faulting.
-  const int mmap_ok = ::mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  const int trim_ok = ::mallopt(M_TRIM_THRESHOLD, INT_MAX);
-  mpi_sweep(mpi_tuned);
-
-  std::string gloo_note = "not built with Gloo";
 #if KFT_BENCH_WITH_GLOO
-  if (a_.gloo) {
-    // Gloo does its socket I/O on a thread of its own, created with the device. Bound to its
-    // rank's one core (mpirun's default for few ranks) that thread waits for a scheduler tick
-    // on every message; give it the whole machine, as torchrun would, and bind back after.
-    cpu_set_t bound, all;
-    CPU_ZERO(&all);
-    const long ncpu = ::sysconf(_SC_NPROCESSORS_ONLN);
-    for (long c = 0; c < ncpu && c < CPU_SETSIZE; ++c) CPU_SET(static_cast<int>(c), &all);
-    const bool rebound = ::sched_getaffinity(0, sizeof bound, &bound) == 0 && ::sched_setaffinity(0, sizeof all, &all) == 0;
-    try {
-      gloo_peer g(me_, n_);
-      for (std::size_t i = 0; i < k; ++i) {
-        const std::size_t cnt = float_sum_rows_[i].count;
-        if (cnt == 0) continue;
-        gl[i] = point(time_budgeted([&] { g.allreduce(fin, fout, cnt); }), cnt * sizeof(float));
-      }
-      gloo_note = std::string("gloo::allreduce, ring, TCP on 127.0.0.1, after the mallopt() above") +
-                  (rebound ? ", ranks not bound to cores" : "");
-    } catch (const std::exception& e) {
-      gloo_note = std::string("Gloo failed: ") + e.what();
+    if (gloo_) {
+      unbound_scope unbound;
+      gl = point_of(time_budgeted([&] { gloo_->allreduce(fin, fout, r.count); }), bytes, factor);
     }
-    if (rebound) ::sched_setaffinity(0, sizeof bound, &bound);
-  } else {
-    gloo_note = "off (--no-gloo)";
-  }
 #endif
-
-  if (me_ == 0) {
-    std::printf("#\n# kft vs peers: allreduce, float sum, out-of-place, %d ranks, busbw in GB/s (time = %s)\n", n_,
-                a_.average == 3 ? "slowest rank's average call" : "as -a says");
-    std::printf("#   memcpy: rank 0 alone, one thread, the same bytes; its column is bytes/time in GB/s\n");
-    std::printf("#   mpi: MPI_Allreduce as configured; mpi-tuned: the same after mallopt(M_MMAP_THRESHOLD, 1 GiB) -> %s, "
-                "mallopt(M_TRIM_THRESHOLD, INT_MAX) -> %s\n",
-                mmap_ok ? "ok" : "refused", trim_ok ? "ok" : "refused");
-    std::printf("#   gloo: %s\n", gloo_note.c_str());
-    std::printf("#   x<peer> = kft busbw / peer busbw (x memcpy: kft busbw / memcpy GB/s); peers' calls per size are "
-                "capped at ~%g s (json: iterations)\n",
-                a_.peer_budget);
-    std::printf("# %10s  %8s  %8s %7s  %7s  %8s %7s  %8s %7s  %8s %7s  %7s %7s %7s %7s\n", "size", "kft", "kft", "kft",
-                "memcpy", "mpi", "mpi", "mpi-tune", "mpi-tune", "gloo", "gloo", "x", "x", "x", "x");
-    std::printf("# %10s  %8s  %8s %7s  %7s  %8s %7s  %8s %7s  %8s %7s  %7s %7s %7s %7s\n", "(B)", "algo", "(us)", "busbw",
-                "(GB/s)", "(us)", "busbw", "(us)", "busbw", "(us)", "busbw", "memcpy", "mpi", "mpi-tune", "gloo");
-    auto t = [](const peer_point& p) { return p.valid ? float_str(p.time_us, 8) : std::string("     -"); };
-    auto b = [](const peer_point& p) { return p.valid ? float_str(p.busbw, 7) : std::string("     -"); };
-    auto x = [](double kft_bw, const peer_point& p) {
-      char buf[32];
-      if (!p.valid || p.busbw <= 0) return std::string("      -");
-      std::snprintf(buf, sizeof buf, "%7.2f", kft_bw / p.busbw);
-      return std::string(buf);
-    };
-    for (std::size_t i = 0; i < k; ++i) {
-      const auto& r = float_sum_rows_[i];
-      std::printf("# %10zu  %8s  %8s %7s  %7s  %8s %7s  %8s %7s  %8s %7s  %7s %7s %7s %7s\n", r.size, r.algorithm.c_str(),
-                  float_str(r.time_us, 8).c_str(), float_str(r.busbw, 7).c_str(), b(mcp[i]).c_str(), t(mpi_def[i]).c_str(),
-                  b(mpi_def[i]).c_str(), t(mpi_tuned[i]).c_str(), b(mpi_tuned[i]).c_str(), t(gl[i]).c_str(),
-                  b(gl[i]).c_str(), x(r.busbw, mcp[i]).c_str(), x(r.busbw, mpi_def[i]).c_str(),
-                  x(r.busbw, mpi_tuned[i]).c_str(), x(r.busbw, gl[i]).c_str());
-    }
-    std::fflush(stdout);
-    auto pj = [](const peer_point& p) -> json {
-      if (!p.valid) return nullptr;
-      return {{"time", p.time_us}, {"alg_bw", p.algbw}, {"bus_bw", p.busbw}, {"iterations", p.iters},
-              {"minflt_per_call", p.minflt}};
-    };
-    for (std::size_t i = 0; i < k; ++i) {
-      const auto& r = float_sum_rows_[i];
-      json peers = {{"mpi_default", pj(mpi_def[i])}, {"mpi_tuned", pj(mpi_tuned[i])}, {"gloo_ring", pj(gl[i])}};
-      peers["memcpy"] = mcp[i].valid ? json{{"time", mcp[i].time_us}, {"bw", mcp[i].algbw}, {"iterations", mcp[i].iters}}
-                                     : json(nullptr);
-      json ratios = json::object();
-      const std::pair<const char*, const peer_point*> named[] = {
-          {"memcpy", &mcp[i]}, {"mpi_default", &mpi_def[i]}, {"mpi_tuned", &mpi_tuned[i]}, {"gloo_ring", &gl[i]}};
-      for (const auto& [key, p] : named) ratios[key] = p->valid && p->busbw > 0 ? json(r.busbw / p->busbw) : json(nullptr);
-      rows_[r.json_index]["peers"] = std::move(peers);
-      rows_[r.json_index]["busbw_ratio_kft_over"] = std::move(ratios);
-    }
-    doc_["peers"] = {{"memcpy", "rank 0 alone, single thread, GB/s = bytes/time"},
-                     {"mpi_default", "MPI_Allreduce, Open MPI as configured"},
-                     {"mpi_tuned", std::string("MPI_Allreduce after mallopt(M_MMAP_THRESHOLD, 1<<30) ") +
-                                       (mmap_ok ? "ok" : "refused") + ", mallopt(M_TRIM_THRESHOLD, INT_MAX) " +
-                                       (trim_ok ? "ok" : "refused")},
-                     {"gloo_ring", gloo_note},
-                     {"budget_seconds", a_.peer_budget}};
   }
+  mcp_.push_back(mc);
+  mpi_tuned_.push_back(tuned);
+  gl_.push_back(gl);
+}
+
+void bench::print_peers() {
+  if (me_ != 0 || !a_.peers) return;
+  if (!peers_on_) {
+    std::printf("#\n# peers: measured for float sum only; this run has no float sum rows (-d float -o sum)\n");
+    return;
+  }
+  const std::size_t k = float_sum_rows_.size();
+  std::vector<peer_point> mpi_def(k);
+  for (std::size_t i = 0; i < k; ++i)
+    for (const auto& [count, p] : mpi_def_)
+      if (count == float_sum_rows_[i].count) mpi_def[i] = p;
+  std::printf("#\n# kft vs peers: allreduce, float sum, out-of-place, %d ranks, busbw in GB/s (time = %s)\n", n_,
+              a_.average == 3 ? "slowest rank's average call" : "as -a says");
+  std::printf("#   memcpy: rank 0 alone, one thread, the same bytes; its column is bytes/time in GB/s\n");
+  std::printf("#   mpi: MPI_Allreduce as configured, every size measured before kft's table; mpi-tune: the same after "
+              "mallopt(M_MMAP_THRESHOLD, 1 GiB) -> %s, mallopt(M_TRIM_THRESHOLD, INT_MAX) -> %s\n",
+              mmap_ok_ ? "ok" : "refused", trim_ok_ ? "ok" : "refused");
+  std::printf("#   gloo: %s\n", gloo_note_.c_str());
+  std::printf("#   memcpy, mpi-tune and gloo run right after kft's row of the same size; x<peer> = kft busbw / peer busbw "
+              "(x memcpy: kft busbw / memcpy GB/s); peers' calls per size are capped at ~%g s (json: iterations)\n",
+              a_.peer_budget);
+  std::printf("# %10s  %8s  %8s %7s  %7s  %8s %7s  %8s %7s  %8s %7s  %7s %7s %7s %7s\n", "size", "kft", "kft", "kft",
+              "memcpy", "mpi", "mpi", "mpi-tune", "mpi-tune", "gloo", "gloo", "x", "x", "x", "x");
+  std::printf("# %10s  %8s  %8s %7s  %7s  %8s %7s  %8s %7s  %8s %7s  %7s %7s %7s %7s\n", "(B)", "algo", "(us)", "busbw",
+              "(GB/s)", "(us)", "busbw", "(us)", "busbw", "(us)", "busbw", "memcpy", "mpi", "mpi-tune", "gloo");
+  auto t = [](const peer_point& p) { return p.valid ? float_str(p.time_us, 8) : std::string("       -"); };
+  auto b = [](const peer_point& p) { return p.valid ? float_str(p.busbw, 7) : std::string("      -"); };
+  auto x = [](double kft_bw, const peer_point& p) {
+    char buf[32];
+    if (!p.valid || p.busbw <= 0) return std::string("      -");
+    std::snprintf(buf, sizeof buf, "%7.2f", kft_bw / p.busbw);
+    return std::string(buf);
+  };
+  for (std::size_t i = 0; i < k; ++i) {
+    const auto& r = float_sum_rows_[i];
+    std::printf("# %10zu  %8s  %8s %7s  %7s  %8s %7s  %8s %7s  %8s %7s  %7s %7s %7s %7s\n", r.size, r.algorithm.c_str(),
+                float_str(r.time_us, 8).c_str(), float_str(r.busbw, 7).c_str(), b(mcp_[i]).c_str(), t(mpi_def[i]).c_str(),
+                b(mpi_def[i]).c_str(), t(mpi_tuned_[i]).c_str(), b(mpi_tuned_[i]).c_str(), t(gl_[i]).c_str(),
+                b(gl_[i]).c_str(), x(r.busbw, mcp_[i]).c_str(), x(r.busbw, mpi_def[i]).c_str(),
+                x(r.busbw, mpi_tuned_[i]).c_str(), x(r.busbw, gl_[i]).c_str());
+  }
+  std::fflush(stdout);
+  auto pj = [](const peer_point& p) -> json {
+    if (!p.valid) return nullptr;
+    return {{"time", p.time_us}, {"alg_bw", p.algbw}, {"bus_bw", p.busbw}, {"iterations", p.iters},
+            {"minflt_per_call", p.minflt}};
+  };
+  for (std::size_t i = 0; i < k; ++i) {
+    const auto& r = float_sum_rows_[i];
+    json peers = {{"mpi_default", pj(mpi_def[i])}, {"mpi_tuned", pj(mpi_tuned_[i])}, {"gloo_ring", pj(gl_[i])}};
+    peers["memcpy"] = mcp_[i].valid ? json{{"time", mcp_[i].time_us}, {"bw", mcp_[i].algbw}, {"iterations", mcp_[i].iters}}
+                                    : json(nullptr);
+    json ratios = json::object();
+    const std::pair<const char*, const peer_point*> named[] = {
+        {"memcpy", &mcp_[i]}, {"mpi_default", &mpi_def[i]}, {"mpi_tuned", &mpi_tuned_[i]}, {"gloo_ring", &gl_[i]}};
+    for (const auto& [key, p] : named) ratios[key] = p->valid && p->busbw > 0 ? json(r.busbw / p->busbw) : json(nullptr);
+    rows_[r.json_index]["peers"] = std::move(peers);
+    rows_[r.json_index]["busbw_ratio_kft_over"] = std::move(ratios);
+  }
+  doc_["peers"] = {{"memcpy", "rank 0 alone, single thread, GB/s = bytes/time, right after kft's row"},
+                   {"mpi_default", "MPI_Allreduce, Open MPI as configured, every size measured before kft's table"},
+                   {"mpi_tuned", std::string("MPI_Allreduce after mallopt(M_MMAP_THRESHOLD, 1<<30) ") +
+                                     (mmap_ok_ ? "ok" : "refused") + ", mallopt(M_TRIM_THRESHOLD, INT_MAX) " +
+                                     (trim_ok_ ? "ok" : "refused") + ", right after kft's row"},
+                   {"gloo_ring", gloo_note_},
+                   {"budget_seconds", a_.peer_budget}};
 }
 
 void bench::run_latency() {
@@ -1152,6 +1222,10 @@ int bench::run() {
   std::memset(send_, 0, rounded);  // first touch: no page faults while timing
   std::memset(recv_, 0, rounded);
 
+  peers_on_ = a_.peers && kColl == coll::allreduce &&
+              std::find(a_.types.begin(), a_.types.end(), kft::dtype::f32) != a_.types.end() &&
+              std::find(a_.ops.begin(), a_.ops.end(), kft::op_kind::sum) != a_.ops.end();
+  peers_before();
   print_header();
   for (auto t : a_.types)
     for (auto op : a_.ops) {
@@ -1170,7 +1244,7 @@ int bench::run() {
     }
   print_footer();
   print_algos();
-  run_peers();
+  print_peers();
   run_latency();
   write_json();
   if (me_ == 0) std::printf("\n");
