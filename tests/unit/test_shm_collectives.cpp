@@ -260,6 +260,17 @@ BOOST_AUTO_TEST_CASE(typed_api_zero_copy_and_async) {
       comm.allgather(std::span<const std::int64_t>(piece), std::span<std::int64_t>(all), {.algorithm = kft::algo::two_shot});
       for (std::size_t j = 0; j < all.size(); ++j)
         if (all[j] != static_cast<std::int64_t>(j)) throw std::runtime_error("zero-copy allgather wrong");
+      // Zero-copy allgather in place: each rank's input is its own piece of the output, at a
+      // different offset on every rank.
+      auto gathered = comm.allocate<float>(5000 * static_cast<std::size_t>(p));
+      for (auto algo_choice : {kft::algo::one_shot, kft::algo::two_shot}) {
+        auto mine = gathered.subspan(5000 * static_cast<std::size_t>(comm.rank()), 5000);
+        for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<float>(comm.rank() * 10000 + static_cast<int>(i));
+        comm.allgather(std::span<const float>(mine), gathered, {.algorithm = algo_choice});
+        for (std::size_t j = 0; j < gathered.size(); ++j)
+          if (gathered[j] != static_cast<float>((j / 5000) * 10000 + j % 5000))
+            throw std::runtime_error("zero-copy in-place allgather wrong at " + std::to_string(j));
+      }
       // Async: several in flight, completed in order.
       std::vector<std::vector<double>> bufs(4, std::vector<double>(5000, 1.0));
       std::vector<kft::work> pending;

@@ -285,7 +285,8 @@ class communicator {
     detail::rank_ctrl* ctrl = nullptr;
     unsigned char* regions = nullptr;
     std::size_t region_bytes = 0, small_off = 0, slot_bytes = 0, staging_off = 0, pool_off = 0;
-    std::vector<const void*> srcs;  // reduction sources, sized once: no allocation per call
+    std::vector<const void*> srcs;      // reduction sources, sized once: no allocation per call
+    std::vector<std::uint64_t> peer_off;  // allgather: each rank's zero-copy input offset
     bool oversubscribed = false;    // more local ranks than online CPUs
     std::uint64_t seq = 0;    // calls made
     std::uint64_t chunk = 0;  // staging chunks used (alternating buffers)
@@ -343,6 +344,7 @@ class communicator {
       ctrl = reinterpret_cast<detail::rank_ctrl*>(seg.data() + ctrl_off);
       regions = seg.data() + regions_off;
       srcs.resize(static_cast<std::size_t>(p));
+      peer_off.resize(static_cast<std::size_t>(p));
       oversubscribed = p > static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
 
       if (me == 0) {  // the segment is zero-filled; atomics at zero are valid
@@ -483,7 +485,8 @@ class communicator {
         s += " (" + std::string(name(static_cast<op_kind>(g.op))) + ")";
       if (c == collective::broadcast) s += " (root " + std::to_string(g.root) + ")";
       s += " [" + std::string(name(static_cast<algo>(g.algorithm))) + "]";
-      if (g.in_off != detail::no_offset || g.out_off != detail::no_offset) s += " zero-copy";
+      if (g.in_off != detail::no_offset) s += " zero-copy in@" + std::to_string(g.in_off);
+      if (g.out_off != detail::no_offset) s += " zero-copy out@" + std::to_string(g.out_off);
       if (g.tag) s += " tag " + std::to_string(g.tag);
       return s;
     }
@@ -635,7 +638,10 @@ class communicator {
                  &k.sig, k.deadline, k.timeout);
       for (int r = 0; r < p; ++r) {
         if (r == me) continue;
-        const detail::signature theirs = box(r, k.sig.seq).sig;
+        detail::signature theirs = box(r, k.sig.seq).sig;
+        // An allgather's zero-copy input may sit at a different place on every rank (in place:
+        // out + rank * count); each rank reads it from the peer's signature instead.
+        if (static_cast<collective>(k.sig.coll) == collective::allgather) theirs.in_off = k.sig.in_off;
         if (!(theirs == k.sig))
           fail(mismatch_error("rank " + std::to_string(r) + " is at " + describe(theirs) + ", rank " +
                                   std::to_string(me) + " at " + describe(k.sig),
@@ -860,6 +866,8 @@ class communicator {
       arrive_and_check(k);
       if (sc == 0) return;
       const bool zc = in_off != detail::no_offset;
+      for (int r = 0; r < p; ++r)  // where each rank's zero-copy input is (or no_offset: staged)
+        peer_off[static_cast<std::size_t>(r)] = box(r, k.sig.seq).sig.in_off;
       const std::size_t chunk_elems = cfg.staging_bytes / es;
       for (std::size_t off = 0; off < sc; off += chunk_elems) {
         const std::size_t n = std::min(chunk_elems, sc - off);
@@ -869,7 +877,8 @@ class communicator {
         set_stage(3 * g + 1);
         wait_stage(k, 3 * g + 1, "copy-in");
         for (int r = 0; r < p; ++r) {
-          const unsigned char* from = zc ? pool(r) + in_off + off * es : staging(r, g);
+          const auto ro = peer_off[static_cast<std::size_t>(r)];
+          const unsigned char* from = ro != detail::no_offset ? pool(r) + ro + off * es : staging(r, g);
           unsigned char* to = dst + (static_cast<std::size_t>(r) * sc + off) * es;
           if (from != to) std::memcpy(to, from, n * es);
         }
