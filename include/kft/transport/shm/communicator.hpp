@@ -299,6 +299,7 @@ class communicator {
     std::condition_variable cv;
     std::deque<std::packaged_task<void()>> queue;
     bool busy = false, stopping = false;
+    std::atomic<int> pending{0};  // async calls queued or running
     std::thread worker;
 
     ~state() {
@@ -377,8 +378,9 @@ class communicator {
       ctrl[me].pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
       ctrl[me].pid_ns.store(pid_namespace(), std::memory_order_relaxed);
       ctrl[me].ready.store(1, std::memory_order_release);
+      std::chrono::steady_clock::time_point init_deadline{};
       wait_peers([&](int r) { return ctrl[r].ready.load(std::memory_order_acquire); }, 1, "set-up", nullptr,
-                 std::chrono::steady_clock::now() + cfg.timeout, cfg.timeout);
+                 init_deadline, cfg.timeout);
       // Pre-fault my page tables for every peer's region: no page fault inside a collective.
       for (int r = 0; r < p; ++r) {
         volatile unsigned char* b = region(r);
@@ -429,6 +431,7 @@ class communicator {
       f();
     }
     void drain() {
+      if (pending.load(std::memory_order_acquire) == 0) return;  // the common case: no async work
       std::unique_lock lock(mu);
       cv.wait(lock, [&] { return queue.empty() && !busy; });
     }
@@ -436,6 +439,7 @@ class communicator {
     work submit(F&& f) {
       std::packaged_task<void()> task(std::forward<F>(f));
       auto fut = task.get_future();
+      pending.fetch_add(1, std::memory_order_acq_rel);
       {
         std::lock_guard lock(mu);
         queue.push_back(std::move(task));
@@ -456,6 +460,7 @@ class communicator {
         task();  // exceptions land in the future
         lock.lock();
         busy = false;
+        pending.fetch_sub(1, std::memory_order_acq_rel);
         cv.notify_all();
       }
     }
@@ -550,9 +555,9 @@ class communicator {
     // Waits until value_of(r) >= target for every rank r != me.
     template <class ValueOf>
     void wait_peers(ValueOf value_of, std::uint64_t target, const char* phase, const detail::signature* current,
-                    std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout) {
+                    std::chrono::steady_clock::time_point& deadline, std::chrono::milliseconds timeout) {
       backoff b(std::chrono::microseconds(500));
-      auto next_liveness = std::chrono::steady_clock::now() + 50ms;
+      auto next_liveness = std::chrono::steady_clock::time_point::max();
       for (std::uint32_t spin = 0;; ++spin) {
         bool all = true;
         for (int r = 0; r < p && all; ++r)
@@ -568,6 +573,10 @@ class communicator {
         b.pause();
         if ((spin & 63) != 63) continue;
         const auto now = std::chrono::steady_clock::now();
+        if (deadline == std::chrono::steady_clock::time_point{}) {  // first slow poll of this call
+          deadline = now + timeout;
+          next_liveness = now + 50ms;
+        }
         if (now >= next_liveness) {
           next_liveness = now + 100ms;
           for (int r = 0; r < p; ++r)
@@ -597,7 +606,7 @@ class communicator {
 
     struct call {
       detail::signature sig;
-      std::chrono::steady_clock::time_point deadline;
+      mutable std::chrono::steady_clock::time_point deadline{};  // unset until a wait is slow
       std::chrono::milliseconds timeout;
     };
 
@@ -625,7 +634,8 @@ class communicator {
       k.sig.op = static_cast<std::uint8_t>(op);
       k.sig.algorithm = static_cast<std::uint8_t>(a);
       k.timeout = o.timeout.count() > 0 ? o.timeout : cfg.timeout;
-      k.deadline = std::chrono::steady_clock::now() + k.timeout;
+      // The deadline is set by the first wait of the call that does not complete at once
+      // (reading the clock costs as much as a fast one-shot call's synchronisation).
       box(me, k.sig.seq).sig = k.sig;
       return k;
     }
