@@ -744,7 +744,7 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
   const bool first_combo = algos_.empty();
   // nccl-tests' TimeTest: warm up at the largest and at the smallest size before the first row.
   std::size_t last = a_.min_bytes;
-  while (a_.step_factor > 1 ? last <= a_.max_bytes / a_.step_factor : last <= a_.max_bytes - a_.step_bytes)
+  while (a_.step_factor > 1 ? last <= a_.max_bytes / a_.step_factor : last + a_.step_bytes <= a_.max_bytes)
     last = a_.step_factor > 1 ? last * a_.step_factor : last + a_.step_bytes;
   for (std::size_t size : {last, a_.min_bytes}) {
     const shape sh = shape_of(size, es, n_);
@@ -835,7 +835,7 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
       if (size > a_.max_bytes / a_.step_factor) break;
       size *= a_.step_factor;
     } else {
-      if (size > a_.max_bytes - a_.step_bytes) break;
+      if (size + a_.step_bytes > a_.max_bytes) break;
       size += a_.step_bytes;
     }
   }
@@ -948,7 +948,7 @@ void bench::peers_before() {
   auto* fout = static_cast<float*>(recv_);
   // Warm-up at the largest and the smallest size, as before kft's rows.
   std::size_t last = a_.min_bytes;
-  while (a_.step_factor > 1 ? last <= a_.max_bytes / a_.step_factor : last <= a_.max_bytes - a_.step_bytes)
+  while (a_.step_factor > 1 ? last <= a_.max_bytes / a_.step_factor : last + a_.step_bytes <= a_.max_bytes)
     last = a_.step_factor > 1 ? last * a_.step_factor : last + a_.step_bytes;
   for (std::size_t size : {last, a_.min_bytes}) {
     const std::size_t cnt = shape_of(size, sizeof(float), n_).count;
@@ -967,7 +967,7 @@ void bench::peers_before() {
       if (size > a_.max_bytes / a_.step_factor) break;
       size *= a_.step_factor;
     } else {
-      if (size > a_.max_bytes - a_.step_bytes) break;
+      if (size + a_.step_bytes > a_.max_bytes) break;
       size += a_.step_bytes;
     }
   }
@@ -1193,7 +1193,7 @@ int bench::run() {
         if (size > a_.max_bytes / a_.step_factor) break;
         size *= a_.step_factor;
       } else {
-        if (size > a_.max_bytes - a_.step_bytes) break;
+        if (size + a_.step_bytes > a_.max_bytes) break;
         size += a_.step_bytes;
       }
     }
