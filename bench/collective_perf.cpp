@@ -548,6 +548,18 @@ class bench {
   int run();
 
  private:
+  // The next row's size (-f factor, else -i step); false past -e. The one place sizes advance.
+  bool next_size(std::size_t& size) const {
+    if (a_.step_factor > 1) {
+      if (size > a_.max_bytes / a_.step_factor) return false;
+      size *= a_.step_factor;
+    } else {
+      if (size + a_.step_bytes > a_.max_bytes) return false;
+      size += a_.step_bytes;
+    }
+    return true;
+  }
+
   // -- MPI helpers
   double combine(double v) const {
     double out = v;
@@ -744,8 +756,8 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
   const bool first_combo = algos_.empty();
   // nccl-tests' TimeTest: warm up at the largest and at the smallest size before the first row.
   std::size_t last = a_.min_bytes;
-  while (a_.step_factor > 1 ? last <= a_.max_bytes / a_.step_factor : last + a_.step_bytes <= a_.max_bytes)
-    last = a_.step_factor > 1 ? last * a_.step_factor : last + a_.step_bytes;
+  while (next_size(last)) {  // the largest size of the sweep
+  }
   for (std::size_t size : {last, a_.min_bytes}) {
     const shape sh = shape_of(size, es, n_);
     for (int w = 0; w < a_.warmup; ++w) collective(send_, recv_, sh.count, t, op, root);
@@ -831,13 +843,7 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
       float_sum_rows_.push_back({sh.size(), sh.count, std::string(kft::name(chosen)), oop_us, oop_busbw, rows_.size() - 1});
       if (peers_on_) peers_after_row(float_sum_rows_.size() - 1);
     }
-    if (a_.step_factor > 1) {
-      if (size > a_.max_bytes / a_.step_factor) break;
-      size *= a_.step_factor;
-    } else {
-      if (size + a_.step_bytes > a_.max_bytes) break;
-      size += a_.step_bytes;
-    }
+    if (!next_size(size)) break;
   }
 }
 
@@ -948,8 +954,8 @@ void bench::peers_before() {
   auto* fout = static_cast<float*>(recv_);
   // Warm-up at the largest and the smallest size, as before kft's rows.
   std::size_t last = a_.min_bytes;
-  while (a_.step_factor > 1 ? last <= a_.max_bytes / a_.step_factor : last + a_.step_bytes <= a_.max_bytes)
-    last = a_.step_factor > 1 ? last * a_.step_factor : last + a_.step_bytes;
+  while (next_size(last)) {  // the largest size of the sweep
+  }
   for (std::size_t size : {last, a_.min_bytes}) {
     const std::size_t cnt = shape_of(size, sizeof(float), n_).count;
     if (cnt == 0 || cnt > static_cast<std::size_t>(INT_MAX)) continue;
@@ -963,13 +969,7 @@ void bench::peers_before() {
       mpi_def_.emplace_back(sh.count, point_of(time_budgeted([&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }),
                                                sh.count * sizeof(float), bus_factor(n_)));
     }
-    if (a_.step_factor > 1) {
-      if (size > a_.max_bytes / a_.step_factor) break;
-      size *= a_.step_factor;
-    } else {
-      if (size + a_.step_bytes > a_.max_bytes) break;
-      size += a_.step_bytes;
-    }
+    if (!next_size(size)) break;
   }
   // "Tuned": freed memory stays in the heap, so per-call temporaries stop page-faulting.
   mmap_ok_ = ::mallopt(M_MMAP_THRESHOLD, 1 << 30);
@@ -1189,13 +1189,7 @@ int bench::run() {
     for (std::size_t size = a_.min_bytes; size <= a_.max_bytes;) {
       const shape sh = shape_of(size, kft::size_of(t), n_);
       buf_bytes_ = std::max(buf_bytes_, sh.size());
-      if (a_.step_factor > 1) {
-        if (size > a_.max_bytes / a_.step_factor) break;
-        size *= a_.step_factor;
-      } else {
-        if (size + a_.step_bytes > a_.max_bytes) break;
-        size += a_.step_bytes;
-      }
+      if (!next_size(size)) break;
     }
   buf_bytes_ = std::max<std::size_t>(buf_bytes_, 64);
   if (a_.latency) buf_bytes_ = std::max(buf_bytes_, a_.latency_max);
