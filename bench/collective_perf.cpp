@@ -764,7 +764,7 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
   }
   for (std::size_t size = a_.min_bytes; size <= a_.max_bytes;) {
     const shape sh = shape_of(size, es, n_);
-    const kft::algo chosen = a_.algorithm == kft::algo::automatic ? comm_->choose(kCollName, sh.send_bytes) : a_.algorithm;
+    const kft::algo chosen = a_.algorithm == kft::algo::automatic ? comm_->choose(kCollName, sh.send_bytes, a_.zero_copy) : a_.algorithm;
     if (first_combo) algos_.emplace_back(sh.size(), chosen);
     const std::string type_name(kft::nccl_name(t));
     const std::string op_name = kHasOp ? std::string(kft::name(op)) : "none";
@@ -1128,7 +1128,7 @@ void bench::run_latency() {
   }
   for (std::size_t size : sizes) {
     const std::size_t cnt = size / sizeof(float);
-    const kft::algo chosen = a_.algorithm == kft::algo::automatic ? comm_->choose("allreduce", cnt * sizeof(float)) : a_.algorithm;
+    const kft::algo chosen = a_.algorithm == kft::algo::automatic ? comm_->choose("allreduce", cnt * sizeof(float), a_.zero_copy) : a_.algorithm;
     MPI_Barrier(MPI_COMM_WORLD);
     const iter_stats k = time_each(warm, a_.latency_iters, [&] { comm_->allreduce(fin, fout, cnt, kft::dtype::f32, kft::op_kind::sum, opts_); });
     const int c = static_cast<int>(cnt);

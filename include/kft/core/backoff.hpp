@@ -22,17 +22,29 @@
 KFT_NAMESPACE_BEGIN
 
 /// @brief One waiter's escalating pause: `pause()` between two polls of a condition.
+///
+/// The default suits a waiter whose peers run on other cores: poll often, then spin with
+/// longer pauses, then yield, then sleep. `backoff::oversubscribed()` suits more waiters than
+/// cores: the peer a waiter needs may be waiting for this very core, so after a few polls the
+/// waiter yields (a yield hands the core to a runnable peer at once; a sleep costs a timer
+/// tick), and sleeps only when yielding for a while has not helped (the peers are computing).
 class backoff {
  public:
   /// @param max_sleep the longest single sleep once spinning and yielding are exhausted
-  explicit backoff(std::chrono::microseconds max_sleep = std::chrono::milliseconds(20)) : max_sleep_(max_sleep) {}
+  explicit backoff(std::chrono::microseconds max_sleep = std::chrono::milliseconds(20))
+      : backoff(max_sleep, 256, 64, 64) {}
+
+  /// @brief The policy for more waiting threads than online CPUs.
+  static backoff oversubscribed(std::chrono::microseconds max_sleep = std::chrono::milliseconds(20)) {
+    return backoff(max_sleep, 16, 0, 4096);
+  }
 
   void pause() {
-    if (step_ < fast_spins) {
+    if (step_ < fast_spins_) {
       KFT_DETAIL_CPU_RELAX();  // poll often at first: a flag set by a running peer shows up fast
-    } else if (step_ < fast_spins + slow_spins) {
+    } else if (step_ < fast_spins_ + slow_spins_) {
       for (int i = 0; i < 16; ++i) KFT_DETAIL_CPU_RELAX();
-    } else if (step_ < fast_spins + slow_spins + yields) {
+    } else if (step_ < fast_spins_ + slow_spins_ + yields_) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(sleep_);
@@ -46,9 +58,10 @@ class backoff {
   }
 
  private:
-  static constexpr int fast_spins = 256;
-  static constexpr int slow_spins = 64;
-  static constexpr int yields = 64;
+  backoff(std::chrono::microseconds max_sleep, int fast_spins, int slow_spins, int yields)
+      : fast_spins_(fast_spins), slow_spins_(slow_spins), yields_(yields), max_sleep_(max_sleep) {}
+
+  int fast_spins_, slow_spins_, yields_;
   int step_ = 0;
   std::chrono::microseconds sleep_{50};
   std::chrono::microseconds max_sleep_;

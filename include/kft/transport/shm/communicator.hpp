@@ -257,11 +257,12 @@ class communicator {
     return {static_cast<T*>(allocate_bytes(count * sizeof(T))), count};
   }
 
-  /// @brief What algo::automatic runs for this collective and message size.
-  algo choose(collective c, std::size_t bytes) const { return s_->choose(c, bytes); }
-  algo choose(std::string_view c, std::size_t bytes) const {
+  /// @brief What algo::automatic runs for this collective and message size; `zero_copy` says
+  /// the input is a buffer from `allocate()` (no copy-in, which moves the crossovers).
+  algo choose(collective c, std::size_t bytes, bool zero_copy = false) const { return s_->choose(c, bytes, zero_copy); }
+  algo choose(std::string_view c, std::size_t bytes, bool zero_copy = false) const {
     for (int i = 0; i < 5; ++i)
-      if (name(static_cast<collective>(i)) == c) return choose(static_cast<collective>(i), bytes);
+      if (name(static_cast<collective>(i)) == c) return choose(static_cast<collective>(i), bytes, zero_copy);
     throw usage_error("no collective named \"" + std::string(c) + "\"", error_site::of("shm choose"));
   }
 
@@ -556,7 +557,8 @@ class communicator {
     template <class ValueOf>
     void wait_peers(ValueOf value_of, std::uint64_t target, const char* phase, const detail::signature* current,
                     std::chrono::steady_clock::time_point& deadline, std::chrono::milliseconds timeout) {
-      backoff b(std::chrono::microseconds(500));
+      backoff b = oversubscribed ? backoff::oversubscribed(std::chrono::microseconds(500))
+                                 : backoff(std::chrono::microseconds(500));
       auto next_liveness = std::chrono::steady_clock::time_point::max();
       for (std::uint32_t spin = 0;; ++spin) {
         bool all = true;
@@ -685,22 +687,25 @@ class communicator {
 
     // -- choice ---------------------------------------------------------------------------------
 
-    algo choose(collective c, std::size_t bytes) const {
+    algo choose(collective c, std::size_t bytes, bool zero_copy) const {
       if (c == collective::barrier) return algo::one_shot;
-      // More ranks than cores: a synchronisation costs a scheduler time slice, so the algorithm
-      // with the fewest (one-shot, chunked beyond the mailbox) wins at every size (measured for
-      // p = 3 and 4 on 2 cores, docs/performance.md).
-      if (oversubscribed) return algo::one_shot;
-      // Otherwise one-shot below a crossover that shrinks as one-shot's p-fold reads grow; the
-      // p = 2 value is measured (bench/allreduce_perf), the others follow the cost model in
-      // docs/algorithms.md.
-      std::size_t limit = p <= 2 ? (16u << 10) : p <= 4 ? (8u << 10) : (4u << 10);
-      if (c == collective::broadcast || c == collective::allgather) limit *= 2;  // no reduction pass
+      // One-shot below a crossover, two-shot above it. Medians of bench/campaign.py on 2 cores
+      // (docs/performance.md): 2 ranks cross between 8 and 16 KiB; 3 and 4 ranks (more ranks
+      // than cores, where every synchronisation may cost a yield to a peer) between 32 and
+      // 64 KiB. Without oversubscription the crossover shrinks as one-shot's p-fold reads grow
+      // (cost model in docs/algorithms.md).
+      std::size_t limit = oversubscribed ? (32u << 10) : p <= 4 ? (8u << 10) : (4u << 10);
+      // No reduction pass: one-shot stays ahead longer (broadcast: every rank reads one source).
+      if (c == collective::broadcast) limit *= 4;
+      if (c == collective::allgather) limit *= 2;
+      // Two-shot skips its copy-in on pool buffers, one-shot's mailbox does not: with a
+      // zero-copy input two-shot wins from 4 KiB (2 ranks).
+      if (zero_copy && c == collective::allreduce && !oversubscribed) limit = 2u << 10;
       return bytes <= std::min(limit, cfg.small_bytes) ? algo::one_shot : algo::two_shot;
     }
 
-    algo resolve(collective c, std::size_t bytes, const options& o) const {
-      return o.algorithm == algo::automatic ? choose(c, bytes) : o.algorithm;
+    algo resolve(collective c, std::size_t bytes, const options& o, bool zero_copy = false) const {
+      return o.algorithm == algo::automatic ? choose(c, bytes, zero_copy) : o.algorithm;
     }
 
     // -- allreduce ------------------------------------------------------------------------------
@@ -708,7 +713,7 @@ class communicator {
     void allreduce(const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o) {
       const std::size_t es = size_of(t), bytes = count * es;
       const auto in_off = pool_offset(in, bytes), out_off = pool_offset(out, bytes);
-      const algo a = resolve(collective::allreduce, bytes, o);
+      const algo a = resolve(collective::allreduce, bytes, o, in_off != detail::no_offset);
       auto k = begin(collective::allreduce, t, op, count, -1, a, o, in_off, out_off);
       if (a == algo::one_shot && bytes <= cfg.small_bytes) {
         unsigned char* slot = small(me, k.sig.seq);
