@@ -13,10 +13,14 @@ KFT_NAMESPACE_BEGIN
 
 /// @brief Which algorithm a collective runs. `automatic` lets the communicator choose by size
 /// and rank count (docs/algorithms.md).
-enum class algo : std::uint8_t { automatic, one_shot, two_shot };
+///
+/// `one_shot` and `two_shot` are intra-node algorithms (shm); `flat` and `hierarchical` choose
+/// how a job that spans nodes runs (one communicator over all ranks, or intra-node
+/// reduce-scatter + inter-node allreduce + intra-node allgather).
+enum class algo : std::uint8_t { automatic, one_shot, two_shot, flat, hierarchical };
 
 constexpr std::string_view name(algo a) {
-  constexpr std::string_view names[] = {"auto", "one_shot", "two_shot"};
+  constexpr std::string_view names[] = {"auto", "one_shot", "two_shot", "flat", "hierarchical"};
   return names[static_cast<int>(a)];
 }
 

@@ -219,6 +219,17 @@ class communicator {
   // ---- asynchronous variants: run in order on the communicator's progress thread -------------
   // The caller keeps the buffers alive and untouched until the work is done.
 
+  work allreduce_async(const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o = {}) {
+    return s_->submit([s = s_.get(), in, out, count, t, op, o] { s->allreduce(in, out, count, t, op, o); });
+  }
+  work reduce_scatter_async(const void* in, void* out, std::size_t recv_count, dtype t, op_kind op,
+                            const options& o = {}) {
+    return s_->submit([s = s_.get(), in, out, recv_count, t, op, o] { s->reduce_scatter(in, out, recv_count, t, op, o); });
+  }
+  work allgather_async(const void* in, void* out, std::size_t send_count, dtype t, const options& o = {}) {
+    return s_->submit([s = s_.get(), in, out, send_count, t, o] { s->allgather(in, out, send_count, t, o); });
+  }
+
   template <class T, reduction Op>
   work allreduce_async(std::span<const T> in, std::span<T> out, Op, const options& o = {}) {
     check_same_size(in.size(), out.size(), "allreduce");
@@ -705,6 +716,10 @@ class communicator {
     }
 
     algo resolve(collective c, std::size_t bytes, const options& o, bool zero_copy = false) const {
+      if (o.algorithm == algo::flat || o.algorithm == algo::hierarchical)
+        throw usage_error("algorithm " + std::string(name(o.algorithm)) +
+                              " spans nodes; a shm communicator runs one_shot, two_shot or auto",
+                          site(std::string(name(c)), seq + 1));
       return o.algorithm == algo::automatic ? choose(c, bytes, zero_copy) : o.algorithm;
     }
 

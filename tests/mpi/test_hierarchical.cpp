@@ -1,0 +1,281 @@
+// The MPI communicator, node grouping, and flat vs hierarchical allreduce across "nodes", checked
+// against a reference computed locally. Ranks of one machine are split into nodes by host
+// identity (world_config::host here; KFT_HOST_ID in the launcher-level tests).
+#define BOOST_TEST_MODULE kft_hierarchical
+#include <boost/test/unit_test.hpp>
+
+#include "mpi_session.hpp"
+
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <kft/transport/mpi/world.hpp>
+
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// Element i of rank r's input: small integers, so every sum, product, min and max is exact in
+// every dtype (f16 included), and the reference is computed locally.
+// u8 gets the same pattern shifted to be non-negative.
+double input(int r, std::size_t i, kft::op_kind op, kft::dtype t) {
+  if (op == kft::op_kind::prod) return ((static_cast<std::size_t>(r) + i) % 3 == 0) ? 2.0 : 1.0;
+  return static_cast<double>(static_cast<long>((static_cast<std::size_t>(r) * 7 + i * 3) % 11) - (t == kft::dtype::u8 ? 0 : 4));
+}
+
+double expected(int p, std::size_t i, kft::op_kind op, kft::dtype t) {
+  double acc = input(0, i, op, t);
+  for (int r = 1; r < p; ++r) {
+    const double x = input(r, i, op, t);
+    switch (op) {
+      case kft::op_kind::prod: acc *= x; break;
+      case kft::op_kind::min: acc = std::min(acc, x); break;
+      case kft::op_kind::max: acc = std::max(acc, x); break;
+      default: acc += x;
+    }
+  }
+  if (op == kft::op_kind::avg) {
+    const bool integer = t == kft::dtype::i32 || t == kft::dtype::i64 || t == kft::dtype::u8;
+    acc = integer ? std::trunc(acc / p) : acc / p;
+  }
+  return acc;
+}
+
+template <class T>
+void store_as(void* buf, std::size_t i, double v) {
+  if constexpr (std::is_same_v<T, kft::half> || std::is_same_v<T, kft::bfloat16>) static_cast<T*>(buf)[i] = T(static_cast<float>(v));
+  else static_cast<T*>(buf)[i] = static_cast<T>(v);
+}
+template <class T>
+double load_as(const void* buf, std::size_t i) {
+  if constexpr (std::is_same_v<T, kft::half> || std::is_same_v<T, kft::bfloat16>) return static_cast<float>(static_cast<const T*>(buf)[i]);
+  else return static_cast<double>(static_cast<const T*>(buf)[i]);
+}
+
+struct typed {
+  void (*store)(void*, std::size_t, double);
+  double (*load)(const void*, std::size_t);
+};
+typed ops_of(kft::dtype t) {
+  switch (t) {
+    case kft::dtype::f32: return {store_as<float>, load_as<float>};
+    case kft::dtype::f64: return {store_as<double>, load_as<double>};
+    case kft::dtype::f16: return {store_as<kft::half>, load_as<kft::half>};
+    case kft::dtype::bf16: return {store_as<kft::bfloat16>, load_as<kft::bfloat16>};
+    case kft::dtype::i32: return {store_as<std::int32_t>, load_as<std::int32_t>};
+    case kft::dtype::i64: return {store_as<std::int64_t>, load_as<std::int64_t>};
+    case kft::dtype::u8: return {store_as<std::uint8_t>, load_as<std::uint8_t>};
+  }
+  return {};
+}
+
+// One allreduce through `run`, checked element by element; returns the number of wrong elements
+// (each rank checks its own output).
+template <class Run>
+long check_allreduce(Run&& run, kft::dtype t, kft::op_kind op, std::size_t count, bool in_place) {
+  const int me = world_rank(), p = world_size();
+  const auto f = ops_of(t);
+  const std::size_t es = kft::size_of(t);
+  std::vector<unsigned char> in(std::max<std::size_t>(count * es, 1)), out(in.size());
+  for (std::size_t i = 0; i < count; ++i) f.store(in.data(), i, input(me, i, op, t));
+  if (in_place) out = in;
+  run(in_place ? out.data() : in.data(), out.data(), count, t, op);
+  // Integer-valued inputs make every result exact except float averages: sum / p rounds once
+  // (in the element type; f16 and bf16 have 11 and 8 bits of mantissa).
+  double tol = 0.0;
+  if (op == kft::op_kind::avg) {
+    if (t == kft::dtype::f16 || t == kft::dtype::bf16) tol = 2e-2;
+    else if (t == kft::dtype::f32) tol = 1e-6;
+    else if (t == kft::dtype::f64) tol = 1e-12;
+  }
+  long wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const double want = expected(p, i, op, t), got = f.load(out.data(), i);
+    if (std::fabs(got - want) > tol) {
+      if (wrong++ < 3)
+        BOOST_TEST_MESSAGE("rank " << me << " " << kft::name(t) << " " << kft::name(op) << " x " << count
+                                   << (in_place ? " in place" : "") << ": element " << i << " is " << got
+                                   << ", want " << want);
+    }
+  }
+  if (!in_place)  // out of place: the input is left as it was
+    for (std::size_t i = 0; i < count; ++i)
+      if (f.load(in.data(), i) != input(me, i, op, t)) ++wrong;
+  return wrong;
+}
+
+const std::vector<std::size_t> kCounts = {0, 1, 7, 4099, (1u << 20) + 3};
+const std::vector<kft::dtype> kTypes = {kft::dtype::f32, kft::dtype::f64, kft::dtype::f16, kft::dtype::bf16,
+                                        kft::dtype::i32, kft::dtype::i64, kft::dtype::u8};
+const std::vector<kft::op_kind> kOps = {kft::op_kind::sum, kft::op_kind::prod, kft::op_kind::min, kft::op_kind::max,
+                                        kft::op_kind::avg};
+
+// Host identities that split the world into nodes of the given sizes.
+std::string host_for(const std::vector<int>& sizes) {
+  int r = world_rank();
+  for (std::size_t n = 0; n < sizes.size(); ++n) {
+    if (r < sizes[n]) return "test-node-" + std::to_string(n);
+    r -= sizes[n];
+  }
+  return "test-node-extra";
+}
+
+std::vector<std::vector<int>> layouts_for(int p) {
+  switch (p) {
+    case 1: return {{1}};
+    case 2: return {{2}, {1, 1}};
+    case 3: return {{3}, {1, 1, 1}, {2, 1}};
+    case 4: return {{2, 2}, {4}, {1, 1, 1, 1}, {3, 1}};
+    default: return {{p}};
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(mpi_communicator_collectives) {
+  kft::mpi::communicator c;
+  const int me = c.rank(), p = c.size();
+  long wrong = 0;
+  std::uint64_t calls = 0;
+  for (auto t : kTypes)
+    for (auto op : kOps)
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{4099}})
+        for (bool ip : {false, true})
+          wrong += check_allreduce([&](const void* i, void* o, std::size_t cnt, kft::dtype tt, kft::op_kind k) {
+            c.allreduce(i, o, cnt, tt, k);
+            ++calls;
+          }, t, op, n, ip);
+  BOOST_TEST(wrong == 0);
+
+  // broadcast, reduce_scatter, allgather (in and out of place)
+  std::vector<std::int64_t> b(33, me == p - 1 ? 42 : -1);
+  c.broadcast(std::span<std::int64_t>(b), p - 1);
+  for (auto v : b) BOOST_TEST(v == 42);
+  std::vector<std::int32_t> rs_in(static_cast<std::size_t>(p) * 5), rs_out(5);
+  for (std::size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = static_cast<std::int32_t>(i) + me;
+  c.reduce_scatter(std::span<const std::int32_t>(rs_in), std::span<std::int32_t>(rs_out), kft::ops::sum);
+  for (std::size_t j = 0; j < 5; ++j)
+    BOOST_TEST(rs_out[j] == static_cast<std::int32_t>(p * (static_cast<int>(j) + me * 5) + p * (p - 1) / 2));
+  // in place: the result lands in this rank's own slot
+  c.reduce_scatter(rs_in.data(), rs_in.data() + static_cast<std::size_t>(me) * 5, 5, kft::dtype::i32,
+                   kft::op_kind::sum);
+  for (std::size_t j = 0; j < 5; ++j) BOOST_TEST(rs_in[static_cast<std::size_t>(me) * 5 + j] == rs_out[j]);
+  std::vector<double> ag(static_cast<std::size_t>(p) * 3, 0.0);
+  for (int j = 0; j < 3; ++j) ag[static_cast<std::size_t>(me * 3 + j)] = me * 10 + j;
+  c.allgather(ag.data() + me * 3, ag.data(), 3, kft::dtype::f64);
+  for (int r = 0; r < p; ++r)
+    for (int j = 0; j < 3; ++j) BOOST_TEST(ag[static_cast<std::size_t>(r * 3 + j)] == r * 10 + j);
+  c.barrier();
+  BOOST_TEST(c.sequence() == calls + 5);  // every call numbered
+}
+
+BOOST_AUTO_TEST_CASE(split_gives_rails) {
+  kft::mpi::communicator c;
+  const int me = c.rank(), p = c.size();
+  auto even = c.split(me % 2, me);
+  BOOST_TEST(even.valid());
+  BOOST_TEST(even.size() == (p + 1 - me % 2) / 2);
+  BOOST_TEST(even.rank() == me / 2);
+  auto none = c.split(me == 0 ? -1 : 0, me);
+  BOOST_TEST(none.valid() == (me != 0));
+  if (me == 0) BOOST_CHECK_THROW(none.barrier(), kft::usage_error);
+  auto moved = std::move(even);
+  BOOST_TEST(moved.valid());
+  BOOST_TEST(!even.valid());  // NOLINT(bugprone-use-after-move): moved-from is empty by contract
+}
+
+BOOST_AUTO_TEST_CASE(signature_mismatch_names_both_ranks) {
+  if (world_size() < 2) {
+    BOOST_TEST_MESSAGE("one rank: no peer to disagree with");
+    return;
+  }
+  kft::mpi::config cfg;
+  cfg.check_signatures = true;
+  kft::mpi::communicator c(MPI_COMM_WORLD, cfg);
+  std::vector<float> x(c.rank() == 1 ? 8 : 4, 1.0f);
+  try {
+    c.allreduce(std::span<float>(x), kft::ops::sum);
+    BOOST_FAIL("no mismatch_error");
+  } catch (const kft::mismatch_error& e) {
+    const std::string m = e.what();
+    BOOST_TEST_MESSAGE(m);
+    BOOST_TEST(m.find("count " + std::to_string(c.rank() == 1 ? 4 : 8)) != std::string::npos);
+    BOOST_TEST(m.find("mpi allreduce #1") != std::string::npos);
+  }
+  BOOST_CHECK_THROW(c.barrier(), kft::usage_error);  // stopped by the mismatch
+}
+
+BOOST_AUTO_TEST_CASE(layouts_flat_and_hierarchical_match_the_reference) {
+  const int p = world_size();
+  for (const auto& sizes : layouts_for(p)) {
+    for (std::size_t small : {std::size_t{64} << 10, std::size_t{256}}) {
+      kft::mpi::world_config cfg;
+      cfg.host = host_for(sizes);
+      cfg.warn = false;
+      cfg.hierarchical.chunk_bytes = 64u << 10;  // many pipeline chunks even at 1 MiB
+      cfg.hierarchical.small_bytes = small;      // 256: the pipelined path from 4099 elements
+      kft::mpi::world w(MPI_COMM_WORLD, cfg);
+      const auto& lay = w.layout();
+      BOOST_TEST(lay.nodes() == static_cast<int>(sizes.size()));
+      BOOST_TEST(lay.local_size() == sizes[static_cast<std::size_t>(lay.node())]);
+      BOOST_TEST(w.intra().size() == lay.local_size());
+      BOOST_TEST(w.rail().size() == static_cast<int>(lay.rail(lay.local_rank()).size()));
+      const bool uneven = !lay.uniform();
+      BOOST_TEST(w.fallback_reason().empty() == !uneven);
+      for (std::size_t bytes : {std::size_t{8}, std::size_t{16} << 20}) {
+        const auto a = w.choose(bytes);
+        if (lay.nodes() == 1) BOOST_TEST((a == kft::algo::one_shot || a == kft::algo::two_shot));
+        else BOOST_TEST((a == (uneven ? kft::algo::flat : kft::algo::hierarchical)));
+        BOOST_TEST((w.choose(bytes, kft::algo::flat) == kft::algo::flat));
+        if (uneven) BOOST_TEST((w.choose(bytes, kft::algo::hierarchical) == kft::algo::flat));
+      }
+      long wrong = 0;
+      for (auto forced : {kft::algo::automatic, kft::algo::flat, kft::algo::hierarchical})
+        for (auto t : kTypes)
+          for (auto op : kOps)
+            for (std::size_t n : kCounts) {
+              if (n > 5000 && (t != kft::dtype::f32 && t != kft::dtype::i64)) continue;  // keep the suite quick
+              for (bool ip : {false, true})
+                wrong += check_allreduce([&](const void* i, void* o, std::size_t cnt, kft::dtype tt, kft::op_kind k) {
+                  w.allreduce(i, o, cnt, tt, k, {.algorithm = forced});
+                }, t, op, n, ip);
+            }
+      BOOST_TEST_MESSAGE("layout " << lay.describe() << ", small_bytes " << small << ": " << wrong << " wrong");
+      BOOST_TEST(wrong == 0);
+    }
+  }
+}
+
+// Under a launcher that sets KFT_HOST_ID per rank (tests/CMakeLists.txt): the default host
+// identity groups ranks, and the layout matches what the launcher was told.
+BOOST_AUTO_TEST_CASE(host_id_from_the_environment) {
+  const char* want = std::getenv("KFT_TEST_EXPECT_LAYOUT");
+  if (want == nullptr) {
+    BOOST_TEST_MESSAGE("KFT_TEST_EXPECT_LAYOUT not set: runs only in the KFT_HOST_ID tests");
+    return;
+  }
+  kft::mpi::world w;
+  BOOST_TEST(w.layout().describe() == want);
+  BOOST_TEST(w.fallback_reason().empty() == w.layout().uniform());
+  long wrong = 0;
+  for (auto op : kOps)
+    for (std::size_t n : kCounts)
+      wrong += check_allreduce([&](const void* i, void* o, std::size_t cnt, kft::dtype tt, kft::op_kind k) {
+        w.allreduce(i, o, cnt, tt, k);
+      }, kft::dtype::f32, op, n, false);
+  BOOST_TEST(wrong == 0);
+}
