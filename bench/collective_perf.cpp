@@ -75,6 +75,8 @@
 #include <kft/rendezvous/mpi_bootstrap.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
+#include "multinode.hpp"
+
 #if KFT_BENCH_WITH_GLOO
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
@@ -168,6 +170,18 @@ struct settings {
   std::string json_path;
 };
 
+// The next row's size (-f factor, else -i step); false past -e. The one place sizes advance.
+bool next_size(const settings& a, std::size_t& size) {
+  if (a.step_factor > 1) {
+    if (size > a.max_bytes / a.step_factor) return false;
+    size *= a.step_factor;
+  } else {
+    if (size + a.step_bytes > a.max_bytes) return false;
+    size += a.step_bytes;
+  }
+  return true;
+}
+
 // nccl-tests' parsesize: a number with an optional K, M or G (powers of 1024).
 std::size_t parse_size(const std::string& s) {
   if (s.empty()) throw std::invalid_argument("empty size");
@@ -213,7 +227,9 @@ kft::algo parse_algo(const std::string& s) {
   if (s == "auto" || s == "automatic") return kft::algo::automatic;
   if (s == "one_shot" || s == "one-shot") return kft::algo::one_shot;
   if (s == "two_shot" || s == "two-shot") return kft::algo::two_shot;
-  throw std::invalid_argument("unknown --algo " + s + " (auto, one_shot, two_shot)");
+  if (s == "flat") return kft::algo::flat;
+  if (s == "hierarchical") return kft::algo::hierarchical;
+  throw std::invalid_argument("unknown --algo " + s + " (auto, one_shot, two_shot, flat, hierarchical)");
 }
 
 // Returns the exit code to stop with, or nullopt to run.
@@ -240,7 +256,7 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   app.add_option("-t,--nthreads", nthreads, "nccl-tests' threads per process (must be 1)");
   app.add_option("-g,--ngpus", ngpus, "nccl-tests' GPUs per thread (must be 1)");
   app.add_option("-m,--agg_iters", agg, "nccl-tests' aggregated iterations (must be 1)");
-  app.add_option("--algo", al, "kft algorithm: auto, one_shot, two_shot")->capture_default_str();
+  app.add_option("--algo", al, "kft algorithm: auto, one_shot, two_shot (one node); flat, hierarchical (across nodes)")->capture_default_str();
   app.add_flag("--algos", a.algos,
                "also time every forced algorithm (out-of-place) right after each row: a same-run comparison table");
   app.add_flag("--zero-copy", a.zero_copy, "buffers from comm.allocate_bytes (inside the shared segment)");
@@ -548,17 +564,7 @@ class bench {
   int run();
 
  private:
-  // The next row's size (-f factor, else -i step); false past -e. The one place sizes advance.
-  bool next_size(std::size_t& size) const {
-    if (a_.step_factor > 1) {
-      if (size > a_.max_bytes / a_.step_factor) return false;
-      size *= a_.step_factor;
-    } else {
-      if (size + a_.step_bytes > a_.max_bytes) return false;
-      size += a_.step_bytes;
-    }
-    return true;
-  }
+  bool next_size(std::size_t& size) const { return ::next_size(a_, size); }
 
   // -- MPI helpers
   double combine(double v) const {
@@ -1264,9 +1270,19 @@ int run_main(int argc, char** argv) {
   int local_size = 0;
   MPI_Comm_size(local, &local_size);
   MPI_Comm_free(&local);
-  if (local_size != nranks) {
-    if (rank == 0) std::fprintf(stderr, "%s: every rank must run on one node (kft's shm transport)\n", argv[0]);
-    return 2;
+  // Across nodes (host names differ, or KFT_HOST_ID splits this machine), or --algo flat or
+  // hierarchical: kft::mpi::world against MPI_Allreduce (bench/multinode.hpp).
+  const bool spans_nodes = local_size != nranks || std::getenv("KFT_HOST_ID") != nullptr;
+  if (spans_nodes || s.algorithm == kft::algo::flat || s.algorithm == kft::algo::hierarchical) {
+    if constexpr (kColl == coll::allreduce) {
+      return multinode::run(s.min_bytes, [&](std::size_t& x) { return next_size(s, x); }, s.iters,
+                            s.warmup, s.algorithm, s.json_path);
+    } else {
+      if (rank == 0)
+        std::fprintf(stderr, "%s: runs on one node only (kft's shm transport); across nodes, allreduce_perf "
+                             "compares flat and hierarchical\n", argv[0]);
+      return 2;
+    }
   }
   bench b(s, rank, nranks);
   b.set_args(argc, argv);

@@ -151,14 +151,15 @@ BOOST_AUTO_TEST_CASE(mpi_communicator_collectives) {
   const int me = c.rank(), p = c.size();
   long wrong = 0;
   std::uint64_t calls = 0;
-  for (auto t : kTypes)
-    for (auto op : kOps)
-      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{4099}})
-        for (bool ip : {false, true})
-          wrong += check_allreduce([&](const void* i, void* o, std::size_t cnt, kft::dtype tt, kft::op_kind k) {
-            c.allreduce(i, o, cnt, tt, k);
-            ++calls;
-          }, t, op, n, ip);
+  for (auto a : {kft::algo::automatic, kft::algo::ring})  // MPI's allreduce, kft's ring
+    for (auto t : kTypes)
+      for (auto op : kOps)
+        for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{4099}, std::size_t{70001}})
+          for (bool ip : {false, true})
+            wrong += check_allreduce([&](const void* i, void* o, std::size_t cnt, kft::dtype tt, kft::op_kind k) {
+              c.allreduce(i, o, cnt, tt, k, {.algorithm = a});
+              ++calls;
+            }, t, op, n, ip);
   BOOST_TEST(wrong == 0);
 
   // broadcast, reduce_scatter, allgather (in and out of place)

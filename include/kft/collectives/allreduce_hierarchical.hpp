@@ -11,12 +11,14 @@
 ///  3. `intra.allgather`: every local rank gets all L reduced shards.
 /// A node sends 2(M-1)/M x N bytes across nodes with a ring on each rail (L rails x N/L each),
 /// against 2(p-1)/p x N per rank for a flat ring over all p = L x M ranks (docs/algorithms.md).
-/// Chunks are pipelined: while chunk i crosses nodes (step 2, driven by this thread), the
-/// communicator's progress thread runs step 1 of chunk i+1 and step 3 of chunk i-1.
+/// Chunks are pipelined: while chunk i crosses nodes (step 2, on this thread, with
+/// `hierarchical_config::inter_algorithm`, kft's ring by default: both directions of every
+/// link busy), the intra communicator's progress thread runs step 1 of chunk i+1 and step 3
+/// of chunk i-1.
 ///
 /// Generic: `Intra` provides `size()`, `rank()`, `allreduce`, and `reduce_scatter_async` /
-/// `allgather_async` returning handles with `wait()`; `Inter` provides `allreduce` and
-/// `allreduce_async`. Every node must have the same number of ranks (callers check the
+/// `allgather_async` returning handles with `wait()`; `Inter` provides `size()` and
+/// `allreduce`. Every node must have the same number of ranks (callers check the
 /// topology and fall back to a flat algorithm otherwise). Elements that do not divide evenly
 /// into L shards, and messages below `small_bytes`, take the latency path: intra allreduce,
 /// then every rail allreduces the whole remainder.
@@ -40,6 +42,7 @@ KFT_NAMESPACE_BEGIN
 struct hierarchical_config {
   std::size_t chunk_bytes = 4u << 20;   ///< pipeline chunk (the whole message when smaller)
   std::size_t small_bytes = 64u << 10;  ///< below this, intra allreduce + inter allreduce
+  algo inter_algorithm = algo::ring;     ///< the pipelined shards' crossing (the latency path uses auto)
 };
 
 template <class Intra, class Inter>
@@ -57,16 +60,17 @@ class hierarchical_allreduce {
     // averages would truncate integers twice).
     const op_kind level_op = op == op_kind::avg ? op_kind::sum : op;
     const int divisor = op == op_kind::avg ? intra_.size() * inter_.size() : 0;
-    options intra_o = o, inter_o = o;
+    options intra_o = o, inter_o = o, latency_o = o;
     intra_o.algorithm = algo::automatic;
-    inter_o.algorithm = algo::automatic;
+    inter_o.algorithm = cfg_.inter_algorithm;
+    latency_o.algorithm = algo::automatic;
     const auto* src = static_cast<const unsigned char*>(in);
     auto* dst = static_cast<unsigned char*>(out);
     std::size_t main = count * es < cfg_.small_bytes ? 0 : count - count % L;
     if (main > 0) pipelined(src, dst, main, t, level_op, divisor, intra_o, inter_o);
     if (main < count) {  // the latency path: whole message, or the last count % L elements
       intra_.allreduce(src + main * es, dst + main * es, count - main, t, level_op, intra_o);
-      inter_.allreduce(dst + main * es, dst + main * es, count - main, t, level_op, inter_o);
+      inter_.allreduce(dst + main * es, dst + main * es, count - main, t, level_op, latency_o);
       divide(dst + main * es, count - main, t, divisor);
     }
   }
@@ -106,6 +110,10 @@ class hierarchical_allreduce {
       return intra_.reduce_scatter_async(src + off * es, dst + (off + k * (n / L)) * es, n / L, t, op, intra_o);
     };
     using intra_work = decltype(reduce_scatter(0));
+    auto shard_of = [&](std::size_t i) {
+      const auto [off, n] = span_of(i);
+      return dst + (off + k * (n / L)) * es;
+    };
     std::vector<intra_work> gathers;
     std::optional<intra_work> next;
     gathers.reserve(chunks);
@@ -114,11 +122,10 @@ class hierarchical_allreduce {
       for (std::size_t i = 0; i < chunks; ++i) {
         next->wait();
         next.reset();
+        if (i + 1 < chunks) next.emplace(reduce_scatter(i + 1));  // runs while chunk i crosses
         const auto [off, n] = span_of(i);
-        unsigned char* shard = dst + (off + k * (n / L)) * es;
-        auto cross = inter_.allreduce_async(shard, shard, n / L, t, op, inter_o);
-        if (i + 1 < chunks) next.emplace(reduce_scatter(i + 1));  // overlaps the crossing
-        cross.wait();
+        unsigned char* shard = shard_of(i);
+        inter_.allreduce(shard, shard, n / L, t, op, inter_o);
         divide(shard, n / L, t, divisor);
         gathers.push_back(intra_.allgather_async(shard, dst + off * es, n / L, t, intra_o));
       }

@@ -17,10 +17,12 @@ KFT_NAMESPACE_BEGIN
 /// `one_shot` and `two_shot` are intra-node algorithms (shm); `flat` and `hierarchical` choose
 /// how a job that spans nodes runs (one communicator over all ranks, or intra-node
 /// reduce-scatter + inter-node allreduce + intra-node allgather).
-enum class algo : std::uint8_t { automatic, one_shot, two_shot, flat, hierarchical };
+/// `ring` is kft's bandwidth-optimal ring (reduce-scatter + allgather over point-to-point
+/// messages) on an MPI communicator, whose `automatic` is MPI's own choice.
+enum class algo : std::uint8_t { automatic, one_shot, two_shot, flat, hierarchical, ring };
 
 constexpr std::string_view name(algo a) {
-  constexpr std::string_view names[] = {"auto", "one_shot", "two_shot", "flat", "hierarchical"};
+  constexpr std::string_view names[] = {"auto", "one_shot", "two_shot", "flat", "hierarchical", "ring"};
   return names[static_cast<int>(a)];
 }
 

@@ -218,6 +218,7 @@ class communicator {
       world_rank_ = o.world_rank_;
       seq_ = o.seq_;
       broken_ = std::move(o.broken_);
+      scratch_ = std::move(o.scratch_);
     }
     return *this;
   }
@@ -245,7 +246,10 @@ class communicator {
 
   // ---- runtime-typed collectives --------------------------------------------------------------
 
+  /// @brief out = in reduced over all ranks; in == out is in place. `algo::ring` runs kft's ring
+  /// (below); anything else is MPI's own allreduce.
   void allreduce(const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o = {}) {
+    if (o.algorithm == algo::ring) return ring_allreduce(in, out, count, t, op, o);
     allreduce_async(in, out, count, t, op, o).wait();
   }
   void broadcast(const void* in, void* out, std::size_t count, dtype t, int root, const options& o = {}) {
@@ -263,7 +267,7 @@ class communicator {
     r.wait();
   }
 
-  /// @brief out = in reduced over all ranks; in == out is in place.
+  /// @brief Nonblocking MPI allreduce (MPI's algorithm); in == out is in place.
   request allreduce_async(const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o = {}) {
     request r = start("allreduce", o, count, t, op, -1);
     check(MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, int_count(count, "allreduce"), detail::datatype(t),
@@ -411,6 +415,87 @@ class communicator {
                         error_site::of(what));
   }
 
+  // kft's ring: reduce-scatter then allgather, p-1 steps each, every rank sending one segment
+  // (count/p elements) to its right neighbour while receiving one from its left, so every link
+  // carries 2(p-1)/p x N in both directions at once. MPI's own choice for large messages may
+  // be a reduce + broadcast that uses one direction at a time (Open MPI's libnbc does for
+  // p < 4). Segments are reduced in ring order once and then copied: every rank ends with the
+  // same bits.
+  void ring_allreduce(const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o) {
+    require("allreduce");
+    const std::uint64_t seq = ++seq_;
+    const auto timeout = o.timeout.count() > 0 ? o.timeout : cfg_.timeout;
+    if (cfg_.check_signatures) compare_signatures("allreduce", count, t, op, -1, o.tag, seq);
+    const std::size_t es = size_of(t), p = static_cast<std::size_t>(size_), r = static_cast<std::size_t>(rank_);
+    auto* buf = static_cast<unsigned char*>(out);
+    if (in != out && count) std::memcpy(out, in, count * es);
+    if (p == 1 || count == 0) {
+      if (op == op_kind::avg) average(out, count, t);
+      return;
+    }
+    auto seg = [&](std::size_t s) {  // [begin, length) of segment s, the first count % p one longer
+      const std::size_t q = count / p, rem = count % p;
+      return std::pair{s * q + std::min(s, rem), q + (s < rem ? 1 : 0)};
+    };
+    scratch_.resize(std::max(scratch_.size(), (count / p + 1) * es));
+    const int right = static_cast<int>((r + 1) % p), left = static_cast<int>((r + p - 1) % p);
+    const op_kind level = op == op_kind::avg ? op_kind::sum : op;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto exchange = [&](std::size_t send_s, void* recv_to, std::size_t recv_s, const char* phase) {
+      const auto [sb, sn] = seg(send_s);
+      const auto [rb, rn] = seg(recv_s);
+      MPI_Request reqs[2];
+      check(MPI_Irecv(recv_to, int_count(rn * es, "allreduce"), MPI_BYTE, left, ring_tag, comm_, &reqs[0]),
+            "MPI_Irecv", "allreduce", seq);
+      check(MPI_Isend(buf + sb * es, int_count(sn * es, "allreduce"), MPI_BYTE, right, ring_tag, comm_, &reqs[1]),
+            "MPI_Isend", "allreduce", seq);
+      (void)rb;
+      poll(reqs, 2, deadline, timeout, "allreduce", seq, phase);
+    };
+    for (std::size_t step = 0; step + 1 < p; ++step) {  // reduce-scatter
+      const std::size_t send_s = (r + p - step) % p, recv_s = (r + 2 * p - step - 1) % p;
+      exchange(send_s, scratch_.data(), recv_s, "ring reduce-scatter");
+      const auto [rb, rn] = seg(recv_s);
+      const void* srcs[2] = {buf + rb * es, scratch_.data()};
+      kernels::reduce(buf + rb * es, srcs, 2, rn, t, level, 1);
+    }
+    if (op == op_kind::avg) {  // scale the segment this rank owns once, before it is copied around
+      const auto [ob, on] = seg((r + 1) % p);
+      average(buf + ob * es, on, t);
+    }
+    for (std::size_t step = 0; step + 1 < p; ++step) {  // allgather
+      const std::size_t send_s = (r + 1 + p - step) % p, recv_s = (r + p - step) % p;
+      exchange(send_s, buf + seg(recv_s).first * es, recv_s, "ring allgather");
+    }
+  }
+
+  void average(void* data, std::size_t count, dtype t) const {
+    const void* src[1] = {data};
+    kernels::reduce(data, src, 1, count, t, op_kind::avg, size_);
+  }
+
+  // Polls point-to-point requests to completion or the deadline (MPI cannot cancel a send:
+  // after a timeout the communicator refuses further calls).
+  void poll(MPI_Request* reqs, int n, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
+            const char* op, std::uint64_t seq, const char* phase) {
+    backoff b = backoff::oversubscribed(std::chrono::microseconds(200));
+    for (std::uint32_t spin = 0;; ++spin) {
+      int done = 0;
+      check(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall", op, seq);
+      if (done) return;
+      b.pause();
+      if ((spin & 255) == 255 && std::chrono::steady_clock::now() > deadline) {
+        broken_ = std::string("a timed-out ") + op + " #" + std::to_string(seq);
+        throw timeout_error(std::string(op) + " timed out after " + kft::detail::describe_duration(timeout) + " in " +
+                                phase + " waiting for rank " + std::to_string((rank_ + size_ - 1) % size_) +
+                                " (left neighbour) or rank " + std::to_string((rank_ + 1) % size_) + " (right)",
+                            site(op, seq));
+      }
+    }
+  }
+
+  static constexpr int ring_tag = 0x6b66;  // "kf"; the communicator is kft's own duplicate
+
   // Numbers a call and, when asked, compares its signature across ranks before it starts.
   request start(const char* op, const options& o, std::size_t count, dtype t, op_kind k, int root) {
     require(op);
@@ -461,6 +546,7 @@ class communicator {
   int rank_ = 0, size_ = 0, world_rank_ = 0;
   std::uint64_t seq_ = 0;
   std::string broken_;
+  std::vector<unsigned char> scratch_;  // ring: one segment, grown when a bigger call comes
 };
 
 inline bool request::test() {

@@ -15,8 +15,10 @@
 /// The choice (`choose`, forced by `options::algorithm` or `KFT_ALGO=flat|hierarchical|auto`):
 ///  - one node: the shm communicator alone;
 ///  - several nodes with the same number of ranks each: hierarchical;
-///  - uneven nodes (e.g. 2 + 1): flat MPI, with a one-line warning from rank 0 at construction
+///  - uneven nodes (e.g. 2 + 1): flat, with a one-line warning from rank 0 at construction
 ///    (a forced `hierarchical` falls back the same way: never a wrong result).
+/// Flat is kft's ring over every rank from `hierarchical.small_bytes` up (bandwidth-optimal,
+/// both link directions busy), MPI's own allreduce below it (fewer steps).
 #pragma once
 
 #include <kft/config.hpp>
@@ -131,9 +133,9 @@ class world {
   void allreduce(const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o = {}) {
     const algo a = choose(count * size_of(t), o.algorithm);
     switch (a) {
-      case algo::flat: {
+      case algo::flat: {  // kft's ring over every rank for large messages, MPI's own below
         options f = o;
-        f.algorithm = algo::automatic;
+        f.algorithm = count * size_of(t) >= cfg_.hierarchical.small_bytes ? algo::ring : algo::automatic;
         return flat_.allreduce(in, out, count, t, op, f);
       }
       case algo::hierarchical: return (*hier_)(in, out, count, t, op, o);

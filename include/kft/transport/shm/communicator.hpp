@@ -716,9 +716,9 @@ class communicator {
     }
 
     algo resolve(collective c, std::size_t bytes, const options& o, bool zero_copy = false) const {
-      if (o.algorithm == algo::flat || o.algorithm == algo::hierarchical)
+      if (o.algorithm != algo::automatic && o.algorithm != algo::one_shot && o.algorithm != algo::two_shot)
         throw usage_error("algorithm " + std::string(name(o.algorithm)) +
-                              " spans nodes; a shm communicator runs one_shot, two_shot or auto",
+                              " is not a shared-memory algorithm (one_shot, two_shot or auto)",
                           site(std::string(name(c)), seq + 1));
       return o.algorithm == algo::automatic ? choose(c, bytes, zero_copy) : o.algorithm;
     }

@@ -1,0 +1,34 @@
+#!/bin/bash
+# allreduce across network-namespace "hosts" on one machine, with each host's link throttled:
+# kft hierarchical vs kft flat vs MPI_Allreduce, and the bytes each node sent (its interface
+# counters), in one run. Needs root, iproute2 (tc) and a built tree.
+#
+# Open MPI's TCP transport moves one direction at a time over a single connection between two
+# ranks (measured: a 2-rank exchange took twice the link time, while two plain sockets reached
+# the throttled rate in both directions at once); btl_tcp_links 2 (KFT_BENCH_TCP_LINKS) gives
+# each pair two connections and restores full duplex, for every algorithm alike.
+#
+#   bash bench/netns_allreduce.sh [build dir] [hosts] [ranks per host] [rate] [-- allreduce_perf flags]
+#   bash bench/netns_allreduce.sh build 2 2 1gbit -- -b 1M -e 64M -f 4 -n 5 -w 1
+set -euo pipefail
+build=${1:-build}; hosts=${2:-2}; per=${3:-2}; rate=${4:-1gbit}
+shift $(( $# < 4 ? $# : 4 ))
+[[ "${1:-}" == "--" ]] && shift
+flags=("$@")
+[[ ${#flags[@]} -eq 0 ]] && flags=(-b 1M -e 64M -f 4 -n 5 -w 1)
+here=$(cd "$(dirname "$0")" && pwd)
+cluster="$here/../tests/netns/netns-cluster.sh"
+name="kftb$$"
+tmp=$(mktemp -d)
+trap '"$cluster" down "$name"; rm -rf "$tmp"' EXIT
+"$cluster" up "$name" "$hosts" "$rate"
+for ((i = 0; i < hosts; i++)); do echo "$("$cluster" addr "$name" $i) slots=$per"; done > "$tmp/hosts"
+a0=$("$cluster" addr "$name" 0)
+net="${a0%.*}.0/24"
+echo "# $hosts namespace hosts x $per ranks, egress of every host throttled to $rate (tc tbf); MPI over TCP between hosts (btl_tcp_links ${KFT_BENCH_TCP_LINKS:-2})"
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  mpirun --hostfile "$tmp/hosts" -np $((hosts * per)) \
+  --mca plm_rsh_agent "$cluster agent $name" \
+  --mca oob_tcp_if_include "$net" --mca btl_tcp_if_include "$net" --mca btl self,vader,tcp \
+  --mca btl_tcp_links "${KFT_BENCH_TCP_LINKS:-2}" \
+  "$(cd "$build" && pwd)/bench/allreduce_perf" "${flags[@]}"
