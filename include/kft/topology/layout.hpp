@@ -29,7 +29,8 @@
 KFT_NAMESPACE_BEGIN
 namespace topology {
 
-/// @brief This process's host identity: `KFT_HOST_ID` when set, else "<hostname>/<boot id>".
+/// @brief This process's host identity: `KFT_HOST_ID` when set, else "<hostname>/<boot id>",
+/// followed by "/<SLURMD_NODENAME>" under Slurm.
 /// @throws config_error when KFT_HOST_ID is set but empty or has a newline
 inline std::string host_id(const environment& env = environment::process()) {
   if (auto id = env.get("KFT_HOST_ID")) {
@@ -42,7 +43,11 @@ inline std::string host_id(const environment& env = environment::process()) {
   std::string boot;
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
-  return std::string(name) + "/" + boot;
+  std::string id = std::string(name) + "/" + boot;
+  // Slurm's node: one per host on a real cluster; several "virtual nodes" on one host (slurmd
+  // -N) are kept apart, as Slurm and PMIx keep them.
+  if (auto node = env.get("SLURMD_NODENAME"); node && !node->empty()) id += "/" + *node;
+  return id;
 }
 
 /// @brief The job's ranks grouped by node.
