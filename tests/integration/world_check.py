@@ -68,6 +68,7 @@ def main():
     ap.add_argument("--source", help="regex the deciding backend's source must match")
     ap.add_argument("--note", action="append", default=[],
                     help="RANKS:REGEX, e.g. '1-2:slurm.*says rank 0': those ranks must have a matching note")
+    ap.add_argument("--layout", help="expected kft-info topology layout on every rank, e.g. '2 nodes x 2 ranks'")
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--cmd", action="append", default=[], help="a launcher command line (may repeat: run together)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
@@ -91,7 +92,7 @@ def main():
             texts.append(f.read())
     shutil.rmtree(out_dir)
 
-    worlds = []
+    worlds, layouts = [], []
     for text in texts:
         for line in text.splitlines():
             line = line.strip()
@@ -103,6 +104,8 @@ def main():
             except json.JSONDecodeError as e:
                 fail(f"unparsable JSON line ({e}): {line[:200]}")
             worlds.append(doc["world"])
+            topo = doc.get("host", {}).get("topology", {})
+            layouts.append((doc["world"]["rank"], topo.get("layout", topo.get("error", "no topology"))))
 
     n = a.ranks
     print(f"{'rank':>4} {'size':>4} {'local':>7} {'node':>7}  backend / host")
@@ -125,6 +128,11 @@ def main():
         for key in ("local_rank", "local_size", "node_rank", "node_count"):
             if w[key] is None:
                 fail(f"rank {w['rank']} does not know its {key}")
+
+    if a.layout is not None:
+        for rank, got in layouts:
+            if got != a.layout:
+                fail(f"rank {rank} sees topology {got!r}, expected {a.layout!r}")
 
     counts = {w["node_count"] for w in worlds}
     if len(counts) != 1:

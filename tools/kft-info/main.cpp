@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -16,8 +18,11 @@
 #include <kft/discovery/json.hpp>
 #include <kft/kft.hpp>
 
+#include <kft/topology/layout.hpp>
+
 #if KFT_WITH_MPI
 #include <kft/discovery/mpi.hpp>
+#include <kft/topology/mpi.hpp>
 #endif
 #if KFT_WITH_HWLOC
 #include <kft/topology/hwloc.hpp>
@@ -74,6 +79,47 @@ nlohmann::json host_facts() {
   return j;
 }
 
+// Which ranks share this node, by host identity: exchanged over MPI when MPI is up, through
+// kftrun's store under kftrun; otherwise only this rank's identity is known.
+nlohmann::json topology_facts(const kft::world_info& w, const kft::environment& env, [[maybe_unused]] bool use_mpi) {
+  nlohmann::json j;
+  try {
+    const std::string host = kft::topology::host_id(env);
+    j["host_id"] = host;
+    std::optional<kft::topology::layout> lay;
+    if (w.world_size == 1) {
+      lay.emplace(0, std::vector<std::string>{host});
+      j["via"] = "single process";
+    }
+#if KFT_WITH_MPI
+    if (!lay && use_mpi) {
+      lay = kft::topology::exchange(MPI_COMM_WORLD, host);
+      j["via"] = "MPI_Allgather";
+    }
+#endif
+    if (!lay && env.has("KFT_STORE_ADDR")) {
+      auto store = kft::rendezvous::connect_store(w, env);
+      lay = kft::topology::exchange(*store.client, w.rank, w.world_size, host, std::chrono::seconds(60));
+      j["via"] = "kftrun store";
+    }
+    if (!lay) {
+      j["error"] = "ranks not grouped: run under MPI or kftrun to exchange host identities";
+      return j;
+    }
+    j["layout"] = lay->describe();
+    j["nodes"] = lay->nodes();
+    j["node"] = lay->node();
+    j["local_rank"] = lay->local_rank();
+    j["local_size"] = lay->local_size();
+    j["uniform"] = lay->uniform();
+    j["node_members"] = lay->local_members();
+    j["rail"] = lay->rail(lay->local_rank());
+  } catch (const kft::error& e) {
+    j["error"] = e.what();
+  }
+  return j;
+}
+
 void print_text(const kft::discovery_report& r, const nlohmann::json& host, const nlohmann::json& build) {
   std::cout << kft::to_string(r.world);
   std::cout << "backends (precedence order):\n";
@@ -89,6 +135,20 @@ void print_text(const kft::discovery_report& r, const nlohmann::json& host, cons
     std::printf("  %-11s %-52s %s\n", o.backend.c_str(), o.source.c_str(), what.c_str());
   }
   std::fflush(stdout);
+  const auto& t = host["topology"];
+  if (t.contains("error")) {
+    std::cout << "topology:     " << t["error"].get<std::string>() << "\n";
+  } else {
+    auto list = [](const nlohmann::json& a) {
+      std::string s;
+      for (const auto& v : a) s += (s.empty() ? "" : ",") + std::to_string(v.get<int>());
+      return s;
+    };
+    std::cout << "topology:     " << t["layout"].get<std::string>() << " (via " << t["via"].get<std::string>()
+              << "); this is node " << t["node"] << ", local rank " << t["local_rank"] << " of " << t["local_size"]
+              << ", node ranks " << list(t["node_members"]) << ", rail " << list(t["rail"]) << "\n";
+  }
+  std::cout << "host id:      " << t.value("host_id", std::string("?")) << "\n";
   if (host["hwloc"].contains("error")) {
     std::cout << "host:         " << host["hwloc"]["error"].get<std::string>() << "\n";
   } else {
@@ -148,7 +208,12 @@ int main(int argc, char** argv) {
 #else
     auto report = kft::discover_report(env);
 #endif
-    const auto host = host_facts();
+    auto host = host_facts();
+#if KFT_WITH_MPI
+    host["topology"] = topology_facts(report.world, env, use_mpi);
+#else
+    host["topology"] = topology_facts(report.world, env, false);
+#endif
     const auto build = build_facts();
     if (json) {
       nlohmann::json j = report;

@@ -37,7 +37,7 @@
 
 #include <kft/collectives/allreduce_hierarchical.hpp>
 #include <kft/rendezvous/mpi_bootstrap.hpp>
-#include <kft/topology/layout.hpp>
+#include <kft/topology/mpi.hpp>
 #include <kft/transport/mpi/communicator.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
@@ -68,17 +68,7 @@ class world {
   /// @brief Collective over `comm`.
   explicit world(MPI_Comm comm = MPI_COMM_WORLD, world_config cfg = {})
       : cfg_(std::move(cfg)), flat_(comm, cfg_.mpi), forced_(algo_from_env()) {
-    // Host identities, fixed-size so one MPI_Allgather carries them.
-    const std::string me = cfg_.host ? *cfg_.host : topology::host_id();
-    constexpr std::size_t width = 256;
-    std::vector<char> all(width * static_cast<std::size_t>(flat_.size()));
-    char mine[width] = {};
-    me.copy(mine, width - 1);
-    flat_.check(MPI_Allgather(mine, width, MPI_CHAR, all.data(), width, MPI_CHAR, flat_.native()), "MPI_Allgather",
-                "topology", 0);
-    std::vector<std::string> hosts;
-    for (int r = 0; r < flat_.size(); ++r) hosts.emplace_back(&all[width * static_cast<std::size_t>(r)]);
-    layout_ = topology::layout(flat_.rank(), std::move(hosts));
+    layout_ = topology::exchange(flat_.native(), cfg_.host ? *cfg_.host : topology::host_id());
 
     // The node's ranks meet through a store of their own (127.0.0.1 when MPI sees them on one
     // machine), then map one shared segment.
