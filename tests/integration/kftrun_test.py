@@ -320,8 +320,30 @@ def nproc_auto():
            f"--nproc-per-node auto = visible GPUs, else CPU cores ({expected} here)", p.stdout, p.stderr)
 
 
+def bind_core():
+    import json
+    info = json.loads(subprocess.run([KFT_INFO, "--json"], capture_output=True, text=True, env=env()).stdout)
+    if "error" in info["host"]["hwloc"]:
+        print("SKIP: kft built without hwloc")
+        sys.exit(77)
+    cores = info["host"]["hwloc"]["cores"]
+    p, _ = run(["--nproc-per-node", str(cores), "--bind", "core", "--", KFT_INFO, "--json"])
+    expect(p.returncode == 0, "workers run bound", p.stdout, p.stderr)
+    sets = {}
+    for line in p.stdout.splitlines():
+        if "{" in line:
+            doc = json.loads(line[line.index("{"):])
+            sets[doc["world"]["rank"]] = doc["host"]["hwloc"]["bound_cpuset"]
+    expect(len(sets) == cores, "every worker reported its binding", p.stdout)
+    expect(len(set(sets.values())) == cores, "each worker has its own core(s)", sets)
+    expect(all(f"local rank {r}: PUs {sets[r]}," in p.stderr for r in sets),
+           "kftrun announced each binding, and the workers run with it", p.stderr, sets)
+    p, _ = run(["--bind", "socket", "--", "true"])
+    expect(p.returncode == 2 and "KFT_BIND=\"socket\"" in p.stderr, "a bad --bind is refused, naming it", p.stderr)
+
+
 SCENARIOS = {f.__name__: f for f in [
-    signal_stops_every_node, nproc_auto,
+    signal_stops_every_node, nproc_auto, bind_core,
     torch_style_worker, worker_fails, worker_killed_by_signal, restart_once, restarts_exhausted,
     two_agents_restart_together, agent_killed, store_host_killed, sigterm, sigint, wrong_token, port_in_use,
     unreachable_master, gang_timeout, log_dir, bad_input, pet_environment_forms]}

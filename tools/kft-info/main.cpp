@@ -66,6 +66,15 @@ nlohmann::json host_facts() {
                     {"pci_bus_id", d.pci_bus_id}});
   j["cuda"] = {{"runtime_version", inv.runtime_version}, {"driver_version", inv.driver_version},
                {"status", inv.status}, {"devices", devs}};
+  if (inv.devices.size() > 1) {
+    try {
+      const auto pm = kft::topology::query_peer_matrix();
+      j["cuda"]["peer_access"] = pm.access;
+      j["cuda"]["peer_performance_rank"] = pm.rank;
+    } catch (const kft::error& e) {
+      j["cuda"]["peer_access"] = {{"error", e.what()}};
+    }
+  }
 #else
   j["cuda"] = {{"status", "kft built without CUDA (KFT_WITH_CUDA=OFF)"}, {"devices", nlohmann::json::array()}};
 #endif
@@ -166,6 +175,14 @@ void print_text(const kft::discovery_report& r, const nlohmann::json& host, cons
       std::cout << "cuda:         " << d["index"] << ": " << d["name"].get<std::string>() << ", "
                 << d["memory_bytes"].get<std::size_t>() / (1u << 20) << " MiB, sm_" << d["compute_capability"].get<std::string>()
                 << ", " << d["pci_bus_id"].get<std::string>() << "\n";
+  }
+  if (c.contains("peer_access") && c["peer_access"].is_array()) {
+    std::cout << "peer access:  (1 = direct access; rows: from device, columns: to device)\n";
+    for (const auto& row : c["peer_access"]) {
+      std::string line;
+      for (const auto& v : row) line += " " + std::to_string(v.get<int>());
+      std::cout << "             " << line << "\n";
+    }
   }
   if (host.contains("nccl"))
     std::cout << "nccl:         " << host["nccl"].value("version", host["nccl"].value("error", "")) << "\n";

@@ -44,6 +44,7 @@ struct options {
   std::chrono::milliseconds term_grace = 5s;
   std::string token;
   std::vector<std::string> program;  // argv
+  std::vector<std::string> cpusets;  // per local rank (--bind); empty = no binding
 };
 
 /// Set by SIGINT/SIGTERM/SIGHUP handlers.
@@ -199,7 +200,9 @@ class agent {
     const auto attempt_dir =
         opt_.log_dir ? *opt_.log_dir / opt_.run_id / ("attempt_" + std::to_string(attempt)) : std::filesystem::path();
     for (int l = 0; l < opt_.nproc_per_node; ++l)
-      group.start({first_rank + l, l, worker_env(attempt, first_rank + l, l, world, worker_port)}, attempt_dir);
+      group.start({first_rank + l, l, worker_env(attempt, first_rank + l, l, world, worker_port),
+                   opt_.cpusets.empty() ? std::string() : opt_.cpusets[static_cast<std::size_t>(l)]},
+                  attempt_dir);
 
     // 3. Watch: local exits, the round's failure key, the other agents' heartbeats, signals.
     std::map<int, std::pair<std::int64_t, clock::time_point>> beats;  // node -> (last value, when it changed)

@@ -20,6 +20,9 @@
 #if KFT_WITH_CUDA
 #include <kft/topology/cuda.hpp>
 #endif
+#if KFT_WITH_HWLOC
+#include <kft/topology/hwloc.hpp>
+#endif
 
 #include "agent.hpp"
 
@@ -28,6 +31,34 @@ namespace {
 void on_signal(int sig) {
   int expected = 0;
   kftrun::g_signal.compare_exchange_strong(expected, sig);
+}
+
+// --bind: one CPU list per local rank, planned with hwloc before any worker starts.
+std::vector<std::string> plan_bindings(const std::string& bind, int nproc) {
+  if (bind.empty() || bind == "none") return {};
+#if KFT_WITH_HWLOC
+  const auto policy = kft::topology::bind_policy_from_env(kft::environment({{"KFT_BIND", bind}}, "localhost"));
+  std::vector<std::string> out;
+  for (int l = 0; l < nproc; ++l) {
+    std::string bus;
+    if (policy == kft::topology::bind_policy::gpu) {
+#if KFT_WITH_CUDA
+      const auto inv = kft::topology::query_cuda_devices();
+      if (inv.devices.empty()) throw kft::config_error("--bind", bind, "needs a visible GPU (" + inv.status + ")");
+      bus = inv.devices[static_cast<std::size_t>(l) % inv.devices.size()].pci_bus_id;
+#else
+      throw kft::config_error("--bind", bind, "needs kft built with CUDA (KFT_WITH_CUDA=ON)");
+#endif
+    }
+    const auto b = kft::topology::plan_binding(l, nproc, policy, bus);
+    std::fprintf(stderr, "[kftrun] local rank %d: %s%s\n", l, b.cpuset.empty() ? "not bound: " : ("PUs " + b.cpuset + ", ").c_str(),
+                 b.reason.c_str());
+    out.push_back(b.cpuset);
+  }
+  return out;
+#else
+  throw kft::config_error("--bind", bind, "needs kft built with hwloc (KFT_WITH_HWLOC=ON)");
+#endif
 }
 
 // --nproc-per-node: a number, or auto (GPUs if any, else CPU cores), gpu, cpu.
@@ -67,6 +98,11 @@ int main(int argc, char** argv) {
   std::string log_dir;
   app.add_option("--nproc-per-node,--nproc_per_node", nproc, "workers on this node: N, auto, cpu or gpu")
       ->envname("PET_NPROC_PER_NODE")->capture_default_str();
+  std::string bind;
+  app.add_option("--bind", bind,
+                 "bind each worker's CPUs: none, core (an even share of the cores, spread over NUMA nodes), "
+                 "numa (its NUMA node), gpu (the cores nearest GPU local-rank %% GPUs)")
+      ->envname("KFT_BIND");
   app.add_option("--nnodes", o.nnodes, "number of nodes (agents) in the job")->envname("PET_NNODES")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--node-rank,--node_rank", o.node_rank, "this node's index, 0..nnodes-1")->envname("PET_NODE_RANK")
@@ -112,6 +148,7 @@ int main(int argc, char** argv) {
     o.heartbeat_timeout = std::chrono::milliseconds(static_cast<long long>(heartbeat * 1000));
     o.term_grace = std::chrono::milliseconds(static_cast<long long>(grace * 1000));
     if (!log_dir.empty()) o.log_dir = log_dir;
+    o.cpusets = plan_bindings(bind, o.nproc_per_node);
     if (const char* t = std::getenv("KFT_RDZV_TOKEN"); t != nullptr && *t != '\0') {
       o.token = t;
     } else if (o.nnodes == 1) {

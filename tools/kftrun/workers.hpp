@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -52,7 +53,33 @@ struct worker_spec {
   int rank = 0;
   int local_rank = 0;
   std::vector<std::string> env;  ///< "NAME=value", complete
+  std::string cpuset;            ///< PUs to bind to ("0-3,8"), empty = inherit
 };
+
+/// "0-3,8" -> a cpu_set_t. @throws usage_error on anything else
+inline cpu_set_t parse_cpu_list(const std::string& list) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::size_t i = 0;
+  auto number = [&]() {
+    std::size_t start = i;
+    while (i < list.size() && list[i] >= '0' && list[i] <= '9') ++i;
+    if (start == i || i - start > 5) throw kft::usage_error("bad CPU list \"" + list + "\"", kft::error_site::of("kftrun"));
+    return std::stoi(list.substr(start, i - start));
+  };
+  while (i < list.size()) {
+    const int a = number();
+    int b = a;
+    if (i < list.size() && list[i] == '-') {
+      ++i;
+      b = number();
+    }
+    for (int c = a; c <= b && c < CPU_SETSIZE; ++c) CPU_SET(c, &set);
+    if (i < list.size() && list[i] != ',') throw kft::usage_error("bad CPU list \"" + list + "\"", kft::error_site::of("kftrun"));
+    if (i < list.size()) ++i;
+  }
+  return set;
+}
 
 /// Where output goes.
 struct output_options {
@@ -110,6 +137,8 @@ class worker_group {
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
     const pid_t parent = ::getpid();
+    const bool bind = !spec.cpuset.empty();
+    const cpu_set_t cpus = bind ? parse_cpu_list(spec.cpuset) : cpu_set_t{};
 
     const pid_t pid = ::fork();
     if (pid < 0) throw kft::transport_error(std::string("fork: ") + std::strerror(errno), kft::error_site::of("kftrun start"), errno);
@@ -123,6 +152,11 @@ class worker_group {
       ::sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
       ::signal(SIGPIPE, SIG_DFL);
+      if (bind && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
+        const int e = errno;
+        (void)!::write(exec_pipe[1], &e, sizeof e);
+        ::_exit(127);
+      }
       ::execve(program_.c_str(), argv.data(), envp.data());
       const int e = errno;
       (void)!::write(exec_pipe[1], &e, sizeof e);

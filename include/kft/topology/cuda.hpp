@@ -71,5 +71,55 @@ inline cuda_inventory query_cuda_devices() {
   return inv;
 }
 
+/// @brief Makes local rank `local_rank`'s GPU current: device local_rank % visible devices (each
+/// rank of a node gets its own GPU when there are as many as ranks). Returns the device index.
+/// @throws usage_error when no device is visible, transport_error when CUDA fails
+inline int select_device(int local_rank) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    throw usage_error("no CUDA device visible to local rank " + std::to_string(local_rank) +
+                          " (check CUDA_VISIBLE_DEVICES and the driver)",
+                      error_site::of("topology"));
+  }
+  const int dev = local_rank % n;
+  kft::detail::cuda_check(cudaSetDevice(dev), "cudaSetDevice", error_site::of("topology"));
+  return dev;
+}
+
+/// @brief Which visible devices can read each other's memory directly (NVLink or PCIe P2P),
+/// and the driver's relative performance rank of each link (lower is faster; -1 = no access).
+struct peer_matrix {
+  std::vector<std::vector<int>> access;  ///< access[i][j] = 1 when device i can access j
+  std::vector<std::vector<int>> rank;    ///< cudaDevP2PAttrPerformanceRank, -1 when no access
+};
+
+/// @brief The peer-access matrix of the visible devices (empty when there are none).
+inline peer_matrix query_peer_matrix() {
+  peer_matrix m;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return m;
+  }
+  const auto un = static_cast<std::size_t>(n);
+  m.access.assign(un, std::vector<int>(un, 0));
+  m.rank.assign(un, std::vector<int>(un, -1));
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      auto& a = m.access[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)];
+      if (i == j) {
+        a = 1;
+        continue;
+      }
+      kft::detail::cuda_check(cudaDeviceCanAccessPeer(&a, i, j), "cudaDeviceCanAccessPeer", error_site::of("topology"));
+      if (a)
+        kft::detail::cuda_check(cudaDeviceGetP2PAttribute(&m.rank[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)],
+                                                          cudaDevP2PAttrPerformanceRank, i, j),
+                                "cudaDeviceGetP2PAttribute", error_site::of("topology"));
+    }
+  return m;
+}
+
 }  // namespace topology
 KFT_NAMESPACE_END
