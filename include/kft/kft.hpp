@@ -15,4 +15,5 @@
 #include <kft/discovery/discover.hpp>
 #include <kft/discovery/world_info.hpp>
 #include <kft/rendezvous/connect.hpp>
+#include <kft/topology/layout.hpp>
 #include <kft/transport/shm/communicator.hpp>
