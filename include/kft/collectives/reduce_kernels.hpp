@@ -79,9 +79,11 @@ inline void widen(float* out, const std::uint16_t* in, std::size_t m) {
     std::memcpy(tmp, in, m * 2);
     for (std::size_t j = 0; j < m; ++j) out[j] = static_cast<float>(tmp[j]);
     return;
-  }
+  } else  // (an else, not a loop after a return: nvcc warns about unreachable code)
 #endif
-  for (std::size_t j = 0; j < m; ++j) out[j] = H::to_float(in[j]);
+  {
+    for (std::size_t j = 0; j < m; ++j) out[j] = H::to_float(in[j]);
+  }
 }
 template <class H>
 inline void narrow(std::uint16_t* out, const float* in, std::size_t m) {
@@ -91,9 +93,11 @@ inline void narrow(std::uint16_t* out, const float* in, std::size_t m) {
     for (std::size_t j = 0; j < m; ++j) tmp[j] = static_cast<_Float16>(in[j]);
     std::memcpy(out, tmp, m * 2);
     return;
-  }
+  } else
 #endif
-  for (std::size_t j = 0; j < m; ++j) out[j] = H::from_float(in[j]);
+  {
+    for (std::size_t j = 0; j < m; ++j) out[j] = H::from_float(in[j]);
+  }
 }
 
 // 16-bit floats: widen a block to float, reduce, round once.

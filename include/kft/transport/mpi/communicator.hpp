@@ -125,7 +125,20 @@ class communicator;
 class [[nodiscard]] request {
  public:
   request() = default;
-  request(request&& o) noexcept { *this = std::move(o); }
+  request(request&& o) noexcept
+      : c_(std::exchange(o.c_, nullptr)),
+        req_(std::exchange(o.req_, MPI_REQUEST_NULL)),
+        what_(std::move(o.what_)),
+        seq_(o.seq_),
+        divide_(std::exchange(o.divide_, 0)),
+        out_(o.out_),
+        count_(o.count_),
+        type_(o.type_),
+        timeout_(o.timeout_),
+        inplace_rs_(std::exchange(o.inplace_rs_, false)),
+        rs_base_(o.rs_base_),
+        rs_out_(o.rs_out_),
+        rs_bytes_(o.rs_bytes_) {}
   request& operator=(request&& o) noexcept {
     if (this != &o) {
       finish_quietly();
@@ -138,7 +151,7 @@ class [[nodiscard]] request {
       count_ = o.count_;
       type_ = o.type_;
       timeout_ = o.timeout_;
-      inplace_rs_ = o.inplace_rs_;
+      inplace_rs_ = std::exchange(o.inplace_rs_, false);
       rs_base_ = o.rs_base_;
       rs_out_ = o.rs_out_;
       rs_bytes_ = o.rs_bytes_;

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Every GPU check of kft in one run (a few minutes on one GPU), printing what it measured:
+#  - a NCCL communicator of 1 rank; 2 ranks as threads and as 2 processes (NCCL refuses two
+#    ranks of one communicator on one GPU: then its answer is printed as a SKIP line);
+#  - every dtype x op x count, in place and out of place, against a host reference;
+#  - the deadline paths: a stalled collective and a rank missing at initialisation give
+#    timeout_error in time (and, with two GPUs, a rank that never calls the collective);
+#  - hierarchical allreduce NCCL+NCCL 1x1 and NCCL+MPI staged through pinned memory;
+#  - allreduce bandwidth, 1 MiB .. 256 MiB, against cudaMemcpy device-to-device.
+#
+#   tests/gpu/run-gpu-checks.sh [BUILD_DIR]      (default: $KFT_BUILD_DIR, else build-gpu)
+#
+# Runs BUILD_DIR/tests/test_nccl when it exists; otherwise configures (tools/configure.sh) and
+# builds it first. Exit status: 0 passed, 77 no CUDA device, anything else a failure.
+set -uo pipefail
+src=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-${KFT_BUILD_DIR:-$src/build-gpu}}
+exe=$build/tests/test_nccl
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+echo "== GPUs"
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>/dev/null ||
+  echo "(nvidia-smi not available)"
+
+if [[ ! -x $exe ]]; then
+  echo "== building $exe"
+  if [[ ! -f $build/CMakeCache.txt ]]; then
+    bash "$src/tools/configure.sh" "$build" -DKFT_WITH_MPI=AUTO -DKFT_WITH_HWLOC=AUTO || exit 1
+  fi
+  cmake --build "$build" --target test_nccl -j "$(nproc)" || exit 1
+fi
+
+start=$SECONDS
+echo "== test_nccl: ranks as threads"
+timeout 600 "$exe" --log_level=test_suite --report_level=short --color_output=false
+rc=$?
+if [[ $rc -eq 77 ]]; then
+  echo "run-gpu-checks: skipped (no CUDA device)"
+  exit 77
+fi
+
+echo "== test_nccl: 2 processes meeting through a file store"
+store=$(mktemp -d)
+logs=$(mktemp -d)
+pids=()
+for r in 0 1; do
+  KFT_TEST_RANK=$r KFT_TEST_SIZE=2 KFT_TEST_STORE=$store/store timeout 120 "$exe" \
+    --run_test=processes_from_the_environment --log_level=test_suite --color_output=false >"$logs/$r" 2>&1 &
+  pids+=($!)
+done
+prc=0
+for r in 0 1; do
+  wait "${pids[$r]}" || prc=$?
+  sed "s/^/[process $r] /" "$logs/$r"
+done
+rm -rf "$store" "$logs"
+
+echo "run-gpu-checks: threads exit $rc, processes exit $prc, $((SECONDS - start)) s"
+[[ $rc -eq 0 && $prc -eq 0 ]]
