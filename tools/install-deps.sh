@@ -10,11 +10,13 @@
 set -euo pipefail
 
 build_pkgs=(cmake ninja-build g++ pkg-config git
-            libcli11-dev nlohmann-json3-dev libhwloc-dev openmpi-bin libopenmpi-dev)
+            libcli11-dev nlohmann-json3-dev libhwloc-dev openmpi-bin libopenmpi-dev
+            libyaml-cpp-dev)                           # kft-manifest's YAML reading and writing
 test_pkgs=(libboost-test-dev
            slurmd slurmctld slurm-client libpmix-dev   # a real Slurm cluster on localhost
            python3-torch                               # torchrun (Debian's /usr/bin/python3)
-           procps iproute2)                            # pgrep/ps and ss, used by the Slurm script
+           procps iproute2                             # pgrep/ps and ss (Slurm script), ip/tc (netns hosts)
+           python3-jsonschema python3-yaml)            # manifest validation against the real CRDs
 
 bench_pkgs=(libgloo-dev                                # Gloo, a peer in allreduce_perf
             python3-matplotlib)                        # bench/plot_perf.py (Debian's /usr/bin/python3)
