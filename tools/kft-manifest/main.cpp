@@ -183,25 +183,33 @@ int main(int argc, char** argv) {
     o(s->add_option("--time", cli.time_limit, "sbatch: time limit (Slurm syntax, e.g. 1:00:00)"));
     o(s->add_option("--output", cli.output, "sbatch: Slurm's --output file pattern"));
     o(s->add_option("--cpus-per-task", cli.cpus_per_task, "sbatch: CPUs per task"));
-    o(s->add_option("program", cli.program, "the program and its arguments, after --"));
   };
   auto* trainjob = app.add_subcommand("trainjob", "Kubeflow Trainer v2.3 TrainJob running kftrun -- program");
   auto* runtime = app.add_subcommand("runtime", "a ClusterTrainingRuntime for kft TrainJobs");
   auto* mpijob = app.add_subcommand("mpijob", "MPI Operator v2beta1 MPIJob running mpirun program");
   auto* sbatch = app.add_subcommand("sbatch", "Slurm batch script running srun --mpi=pmix program (or mpirun)");
   for (auto* s : {trainjob, runtime, mpijob, sbatch}) {
-    s->positionals_at_end();
     s->allow_extras(false);
+    s->footer("The program and its arguments follow `--`; they are copied verbatim.");
   }
+  // Everything after the first `--` is the program, untouched (CLI11 would read "[1]" as a list).
+  int ours = argc;
+  std::vector<std::string> program;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--") {
+      ours = i;
+      program.assign(argv + i + 1, argv + argc);
+      break;
+    }
   // CLI11 binds options to variables per subcommand: add them to the one chosen.
-  for (int i = 1; i < argc; ++i) {
+  for (int i = 1; i < ours; ++i) {
     const std::string a = argv[i];
     for (auto* s : {trainjob, runtime, mpijob, sbatch})
       if (a == s->get_name()) add_common(s);
     if (a == "trainjob" || a == "runtime" || a == "mpijob" || a == "sbatch") break;
   }
   try {
-    app.parse(argc, argv);
+    app.parse(ours, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
@@ -248,8 +256,8 @@ int main(int argc, char** argv) {
       else if (n == "--time") j.time_limit = cli.time_limit;
       else if (n == "--output") j.output = cli.output;
       else if (n == "--cpus-per-task") j.cpus_per_task = cli.cpus_per_task;
-      else if (n == "program") j.program = cli.program;
     }
+    if (ours < argc) j.program = program;  // `--` given: overrides the job file's command
     using kft::manifest::target;
     std::string text;
     if (*trainjob) {

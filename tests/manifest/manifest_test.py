@@ -1,0 +1,319 @@
+#!/usr/bin/python3
+"""kft-manifest end to end: every generated variant validates against the real CRDs, arguments
+survive YAML and shell quoting, bad input is refused before anything is written, and the
+generated jobs run: the TrainJob's command under the PET_* environment the Trainer injects (two
+"pods"), the MPIJob launcher's command with a hostfile in the operator's format, and the sbatch
+script on the real Slurm cluster the suite starts.
+
+    manifest_test.py <build dir> <scenario>
+
+Run with Debian's /usr/bin/python3 (python3-yaml, python3-jsonschema).
+"""
+import itertools
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+BUILD = os.path.abspath(sys.argv[1])
+SCENARIO = sys.argv[2]
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+TOOL = os.path.join(BUILD, "tools", "kft-manifest")
+VALIDATE = os.path.join(HERE, "validate.py")
+PY = "/usr/bin/python3"
+
+
+def fail(msg, *context):
+    print("FAIL:", msg)
+    for c in context:
+        print("  ", str(c)[:4000])
+    sys.exit(1)
+
+
+def expect(cond, msg, *context):
+    if not cond:
+        fail(msg, *context)
+
+
+def tool(*args, check=True):
+    p = subprocess.run([TOOL, *args], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        fail(f"kft-manifest {' '.join(args)} exited {p.returncode}", p.stderr)
+    return p
+
+
+def validate(text, what):
+    p = subprocess.run([PY, VALIDATE, "-"], input=text, capture_output=True, text=True)
+    expect(p.returncode == 0, f"{what} validates against the CRDs", p.stdout + p.stderr, text)
+
+
+# ---- scenarios -------------------------------------------------------------------------------
+
+BASE = ["--name", "train-1", "--image", "registry.example/kft:1.0"]
+PROGRAM = ["--", "./train", "--epochs", "3"]
+
+
+def matrix():
+    """Every combination of the options users set validates, for every output kind."""
+    axes = {
+        "shape": [["--nodes", "1", "--nproc-per-node", "1"], ["--nodes", "4", "--nproc-per-node", "8"]],
+        "gpus": [[], ["--gpus-per-node", "8"], ["--gpus-per-node", "2", "--gpu-resource", "amd.com/gpu"]],
+        "res": [[], ["--cpus", "16", "--memory", "64Gi"], ["--cpus", "500m", "--memory", "512Mi"]],
+        "sched": [[], ["--queue", "team-a", "--priority-class", "high"],
+                  ["--gang", "coscheduling"], ["--gang", "volcano", "--scheduler-name", "volcano"]],
+        "life": [[], ["--max-restarts", "3", "--active-deadline", "3600", "--ttl", "600"]],
+        "meta": [[], ["--env", "A=1", "--env", "MODE=on", "--label", "team=ml", "--annotation", "example.com/owner=me",
+                      "--image-pull-policy", "IfNotPresent", "--namespace", "research"]],
+    }
+    files = []
+    with tempfile.TemporaryDirectory() as d:
+        for combo in itertools.product(*axes.values()):
+            flags = [f for part in combo for f in part]
+            for kind in ("trainjob", "mpijob", "runtime"):
+                path = os.path.join(d, f"{len(files):04d}-{kind}.yaml")
+                with open(path, "w") as f:  # the flags, for the failure message
+                    f.write(f"# {kind} {' '.join(flags)}\n" + tool(kind, *BASE, *flags, *PROGRAM).stdout)
+                files.append(path)
+        # one validator process for all of them (it converts the CRDs once)
+        p = subprocess.run([PY, VALIDATE, *files], capture_output=True, text=True)
+        bad = [l for l in p.stdout.splitlines() if not l.startswith("ok")]
+        expect(p.returncode == 0, "every generated variant validates against the CRDs", "\n".join(bad[:20]) + p.stderr,
+               open(bad[0].split(":")[0]).read() if bad and os.path.exists(bad[0].split(":")[0]) else "")
+    print(f"matrix: {len(files)} generated manifests validate")
+
+
+def negative_validator():
+    """The validator is not a rubber stamp: known-bad edits of a generated TrainJob fail it."""
+    good = yaml.safe_load(tool("trainjob", *BASE, "--nodes", "2", *PROGRAM).stdout)
+    cases = [
+        (lambda d: d["spec"]["trainer"].__setitem__("numProcPerNode", "auto"), "numProcPerNode"),
+        (lambda d: d["spec"].__setitem__("podTemplateOverrides", [{"targetJobs": [{"name": "node"}]}]), "podTemplateOverrides"),
+        (lambda d: d["spec"]["trainer"]["resourcesPerNode"].__setitem__("requests", {"memory": "4Gix"}), "4Gix"),
+    ]
+    for mutate, fragment in cases:
+        doc = json.loads(json.dumps(good))
+        mutate(doc)
+        p = subprocess.run([PY, VALIDATE, "-"], input=yaml.safe_dump(doc), capture_output=True, text=True)
+        expect(p.returncode == 1 and fragment in p.stdout, f"the validator rejects {fragment}", p.stdout + p.stderr)
+    print("negative_validator: 3 known-bad manifests rejected")
+
+
+ODD_ARGS = ["--msg", "a b", "it's", 'say "hi"', "yes", "no", "on", "off", "null", "~", "1:2", "#x", "- y",
+            "$HOME", "`id`", "a\\b", "tab\there", "", "3", "0x10", "true", "*", "{a: 1}", "[1]", "%p", "ünï"]
+
+
+def roundtrip():
+    """Arguments with spaces, quotes, colons and YAML's yes/no/on come back unchanged."""
+    argv = ["./train", *ODD_ARGS]
+    env = ["--env", "YES=yes", "--env", "COLON=a: b", "--env", "QUOTE=it's \"q\""]
+    tj = yaml.safe_load(tool("trainjob", *BASE, *env, "--", *argv).stdout)
+    expect(tj["spec"]["trainer"]["command"] == ["kftrun", "--", *argv], "TrainJob command round-trips",
+           tj["spec"]["trainer"]["command"])
+    values = {e["name"]: e.get("value") for e in tj["spec"]["trainer"]["env"]}
+    expect(values == {"YES": "yes", "COLON": "a: b", "QUOTE": "it's \"q\""}, "env values stay strings", values)
+    mj = yaml.safe_load(tool("mpijob", *BASE, "--", *argv).stdout)
+    launcher = mj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    expect(launcher == ["mpirun", "-np", "1", *argv], "MPIJob launcher command round-trips", launcher)
+    # sbatch: the script's own shell gives the program back its argv
+    with tempfile.TemporaryDirectory() as d:
+        script = tool("sbatch", "--name", "rt", *env, "--", *argv).stdout
+        last = script.rstrip("\n").splitlines()[-1]
+        expect(last.startswith("srun --mpi=pmix "), "the script ends with srun --mpi=pmix", last)
+        probe = os.path.join(d, "probe.sh")
+        with open(probe, "w") as f:
+            f.write(script.replace("srun --mpi=pmix ", f"{PY} -c 'import json,sys,os; print(json.dumps([sys.argv[1:], "
+                                   f"os.environ[\"YES\"], os.environ[\"COLON\"], os.environ[\"QUOTE\"]]))' ", 1))
+        p = subprocess.run(["bash", probe], capture_output=True, text=True)
+        expect(p.returncode == 0, "the generated script runs", p.stderr, script)
+        got = json.loads(p.stdout)
+        expect(got == [argv, "yes", "a: b", "it's \"q\""], "sbatch argv and env round-trip through the shell", got)
+    print(f"roundtrip: {len(argv)} arguments and 3 env values survive YAML and shell")
+
+
+def bad_input():
+    """Refused before anything is written, naming the option, exit 2."""
+    cases = [
+        (["trainjob", "--name", "Train", "--image", "i", "--", "x"], "--name"),
+        (["trainjob", "--name", "n" * 50, "--nodes", "100", "--image", "i", "--", "x"], "too long"),
+        (["mpijob", "--name", "m" * 60, "--nodes", "20", "--image", "i", "--", "x"], "too long"),
+        (["trainjob", "--name", "a", "--nodes", "0", "--image", "i", "--", "x"], "--nodes"),
+        (["trainjob", "--name", "a", "--nproc-per-node", "-2", "--image", "i", "--", "x"], "--nproc-per-node"),
+        (["trainjob", "--name", "a", "--nproc-per-node", "auto", "--image", "i", "--", "x"], "--nproc-per-node"),
+        (["trainjob", "--name", "a", "--memory", "4Gix", "--image", "i", "--", "x"], "--memory"),
+        (["trainjob", "--name", "a", "--cpus", "lots", "--image", "i", "--", "x"], "--cpus"),
+        (["trainjob", "--name", "a", "--env", "PET_NNODES=2", "--image", "i", "--", "x"], "reserved"),
+        (["mpijob", "--name", "a", "--env", "OMPI_MCA_btl=tcp", "--image", "i", "--", "x"], "reserved"),
+        (["trainjob", "--name", "a", "--gpus-per-node", "2", "--gpu-resource", "", "--image", "i", "--", "x"], "--gpu-resource"),
+        (["trainjob", "--name", "a", "--image", "i"], "no program"),
+        (["trainjob", "--name", "a", "--", "x"], "--image"),
+        (["trainjob", "--name", "a", "--image", "i", "--gang", "sometimes", "--", "x"], "--gang"),
+        (["sbatch", "--name", "a", "--time", "soon", "--", "x"], "--time"),
+        (["sbatch", "--name", "a", "--launcher", "ssh", "--", "x"], "--launcher"),
+        (["sbatch", "--name", "a", "--memory", "1.5G", "--", "x"], "--memory"),
+        (["trainjob", "--name", "a", "--label", "bad key=v", "--image", "i", "--", "x"], "--label"),
+    ]
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.yaml")
+        for args, fragment in cases:
+            p = tool(*args, "-o", out, check=False)
+            expect(p.returncode == 2, f"exit 2 for {args}", p.returncode, p.stderr)
+            expect(fragment in p.stderr, f"the message for {args} names {fragment!r}", p.stderr)
+            expect(not os.path.exists(out) and os.listdir(d) == [], f"nothing written for {args}", os.listdir(d))
+        job_file = os.path.join(d, "job.yaml")
+        with open(job_file, "w") as f:
+            f.write("name: a\nimage: i\nnprocs-per-node: 2\ncommand: [x]\n")
+        p = tool("trainjob", "--job-file", job_file, check=False)
+        expect(p.returncode == 2 and "nprocs-per-node" in p.stderr, "a misspelt job-file field is refused", p.stderr)
+    print(f"bad_input: {len(cases) + 1} bad inputs refused with exit 2, nothing written")
+
+
+def job_file():
+    """One job file yields all outputs; flags override it."""
+    with tempfile.TemporaryDirectory() as d:
+        jf = os.path.join(d, "job.yaml")
+        with open(jf, "w") as f:
+            f.write("name: from-file\nimage: reg/kft:2\nnodes: 2\nnproc-per-node: 4\ngpus-per-node: 4\n"
+                    "env: {MODE: fast}\nlabel: {team: ml}\ncommand: [./train, --lr, '0.1']\n")
+        tj = yaml.safe_load(tool("trainjob", "--job-file", jf, "--nodes", "3").stdout)
+        expect(tj["metadata"]["name"] == "from-file" and tj["spec"]["trainer"]["numNodes"] == 3 and
+               tj["spec"]["trainer"]["command"][-3:] == ["./train", "--lr", "0.1"], "job file read, --nodes overrides", tj)
+        mj = yaml.safe_load(tool("mpijob", "--job-file", jf).stdout)
+        expect(mj["spec"]["slotsPerWorker"] == 4 and mj["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2,
+               "the same file gives the MPIJob", mj["spec"])
+        sb = tool("sbatch", "--job-file", jf).stdout
+        expect("#SBATCH --nodes=2" in sb and "#SBATCH --gpus-per-node=4" in sb and "./train --lr 0.1" in sb,
+               "and the sbatch script", sb)
+        out = os.path.join(d, "tj.yaml")
+        tool("trainjob", "--job-file", jf, "-o", out)
+        expect(os.listdir(d) == ["job.yaml", "tj.yaml"] or sorted(os.listdir(d)) == ["job.yaml", "tj.yaml"],
+               "-o writes the file and nothing else", os.listdir(d))
+    print("job_file: one file, three outputs, flags override")
+
+
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run_world(commands, envs, ranks, timeout=60):
+    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c, e in zip(commands, envs)]
+    worlds, errs = [], []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        errs.append(err)
+        expect(p.returncode == 0, "the job's command exits 0", p.returncode, err)
+        for line in out.splitlines():
+            if "{" in line:
+                worlds.append(json.loads(line[line.index("{"):])["world"])
+    expect(sorted(w["rank"] for w in worlds) == list(range(ranks)), f"ranks 0..{ranks - 1} each once",
+           [w["rank"] for w in worlds], errs)
+    expect(all(w["world_size"] == ranks for w in worlds), "everyone agrees on the size", worlds)
+    return worlds
+
+
+def trainjob_env():
+    """The TrainJob's command, run under the PET_* variables the Trainer would inject, on two "pods"."""
+    kft_info = os.path.join(BUILD, "tools", "kft-info")
+    tj = yaml.safe_load(tool("trainjob", *BASE, "--nodes", "2", "--nproc-per-node", "2", "--", kft_info, "--json").stdout)
+    cmd = tj["spec"]["trainer"]["command"]
+    expect(cmd[0] == "kftrun", "the pod runs kftrun", cmd)
+    port = free_port()
+    envs = []
+    for node in range(2):
+        e = dict(os.environ, PATH=os.path.join(BUILD, "tools") + os.pathsep + os.environ["PATH"])
+        # what torch.go injects (PET_MASTER_ADDR would be <job>-node-0-0.<job>; here both pods are this host)
+        e.update(PET_NNODES=str(tj["spec"]["trainer"]["numNodes"]),
+                 PET_NPROC_PER_NODE=str(tj["spec"]["trainer"]["numProcPerNode"]), PET_NODE_RANK=str(node),
+                 PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port), JOB_COMPLETION_INDEX=str(node),
+                 KFT_RDZV_TOKEN="from-the-secret")
+        envs.append(e)
+    worlds = run_world([cmd, cmd], envs, 4)
+    expect({w["node_rank"] for w in worlds} == {0, 1}, "two nodes", worlds)
+    print("trainjob_env: the TrainJob's command formed a 4-rank, 2-node world under PET_* variables")
+
+
+def mpijob_launcher():
+    """The MPIJob launcher's command, with a hostfile in the operator's format."""
+    kft_info = os.path.join(BUILD, "tools", "kft-info")
+    mj = yaml.safe_load(tool("mpijob", *BASE, "--nodes", "2", "--nproc-per-node", "2", "--", kft_info, "--json").stdout)
+    cmd = mj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    slots = mj["spec"]["slotsPerWorker"]
+    with tempfile.TemporaryDirectory() as d:
+        hostfile = os.path.join(d, "hostfile")
+        with open(hostfile, "w") as f:  # <job>-worker-<i>.<job>.<ns>.svc slots=N, here one machine
+            f.write(f"localhost slots={slots * 2}\n")
+        e = dict(os.environ, OMPI_MCA_orte_default_hostfile=hostfile, OMPI_MCA_orte_keep_fqdn_hostnames="true",
+                 OMPI_MCA_orte_set_default_slots=str(slots), OMPI_ALLOW_RUN_AS_ROOT="1",
+                 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+        run_world([cmd], [e], 4)
+    print("mpijob_launcher: mpirun from the MPIJob started 4 ranks from the hostfile's slots")
+
+
+def sbatch_slurm():
+    """The generated script, submitted to the suite's Slurm cluster (two virtual nodes)."""
+    if not os.environ.get("SLURM_CONF"):
+        print("SKIP: no Slurm cluster (SLURM_CONF unset)")
+        sys.exit(77)
+    example = os.path.join(BUILD, "examples", "01-discover")
+    with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o755)
+        out = os.path.join(d, "job-%j.out")
+        script = tool("sbatch", "--name", "kft-sbatch", "--nodes", "2", "--nproc-per-node", "2", "--time", "5",
+                      "--output", out, "--env", "KFT_DISCOVERY=slurm", "--", example).stdout
+        path = os.path.join(d, "job.sbatch")
+        with open(path, "w") as f:
+            f.write(script)
+        p = subprocess.run(["sbatch", "--parsable", path], capture_output=True, text=True)
+        expect(p.returncode == 0, "sbatch accepted the script", p.stderr, script)
+        job_id = p.stdout.strip().split(";")[0]
+        deadline = time.time() + 90
+        state = ""
+        while time.time() < deadline:
+            q = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+            state = q.split("JobState=")[1].split()[0] if "JobState=" in q else "GONE"
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "GONE"):
+                break
+            time.sleep(0.3)
+        text = open(out.replace("%j", job_id)).read() if os.path.exists(out.replace("%j", job_id)) else ""
+        expect(state == "COMPLETED", f"the job completed (state {state})", text, script)
+        lines = sorted(l for l in text.splitlines() if l.startswith("rank "))
+        expect(len(lines) == 4 and all("decided by slurm" in l for l in lines) and
+               any("node 1 of 2" in l for l in lines), "4 ranks on 2 nodes ran the example", text)
+    print("sbatch_slurm: the generated script ran 4 ranks on 2 Slurm nodes")
+
+
+def templates():
+    """k8s-templates/ are exactly what the tool writes today."""
+    gen = os.path.join(REPO, "k8s-templates", "generate.sh")
+    with tempfile.TemporaryDirectory() as d:
+        p = subprocess.run(["bash", gen, TOOL, d], capture_output=True, text=True)
+        expect(p.returncode == 0, "k8s-templates/generate.sh ran", p.stderr)
+        made = sorted(f for f in os.listdir(d))
+        expect(made, "it wrote templates", made)
+        for name in made:
+            committed = os.path.join(REPO, "k8s-templates", name)
+            expect(os.path.exists(committed), f"k8s-templates/{name} is committed", name)
+            new = open(os.path.join(d, name)).read()
+            expect(open(committed).read() == new,
+                   f"k8s-templates/{name} differs from the tool's output: rerun bash k8s-templates/generate.sh", name)
+            if name.endswith(".yaml"):
+                validate(new, name)
+    print(f"templates: {len(made)} templates match the tool and validate")
+
+
+SCENARIOS = {f.__name__: f for f in [matrix, negative_validator, roundtrip, bad_input, job_file, trainjob_env,
+                                     mpijob_launcher, sbatch_slurm, templates]}
+
+if __name__ == "__main__":
+    SCENARIOS[SCENARIO]()
