@@ -64,7 +64,7 @@ def matrix():
     axes = {
         "shape": [["--nodes", "1", "--nproc-per-node", "1"], ["--nodes", "4", "--nproc-per-node", "8"]],
         "gpus": [[], ["--gpus-per-node", "8"], ["--gpus-per-node", "2", "--gpu-resource", "amd.com/gpu"]],
-        "res": [[], ["--cpus", "16", "--memory", "64Gi"], ["--cpus", "500m", "--memory", "512Mi"]],
+        "res": [[], ["--cpus", "16", "--memory", "64Gi"], ["--cpus", "500m", "--cpu-limit", "2", "--memory", "512Mi"]],
         "sched": [[], ["--queue", "team-a", "--priority-class", "high"],
                   ["--gang", "coscheduling"], ["--gang", "volcano", "--scheduler-name", "volcano"]],
         "life": [[], ["--max-restarts", "3", "--active-deadline", "3600", "--ttl", "600"]],

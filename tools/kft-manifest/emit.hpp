@@ -37,21 +37,22 @@ inline void string_map(YAML::Emitter& e, const std::map<std::string, std::string
 
 // requests/limits for one node's main container. GPUs are requested and limited alike (the
 // device plugin requires it); memory likewise (a limit below the request is invalid); CPUs are
-// requested only, so a node's spare cycles stay usable.
+// limited only when asked (--cpu-limit), so a node's spare cycles stay usable.
 inline void resources(YAML::Emitter& e, const job& j, bool with_gpus) {
   const bool gpus = with_gpus && j.gpus_per_node > 0;
-  if (j.cpus.empty() && j.memory.empty() && !gpus) {
+  if (j.cpus.empty() && j.cpu_limit.empty() && j.memory.empty() && !gpus) {
     e << YAML::BeginMap << YAML::EndMap;
     return;
   }
   e << YAML::BeginMap;
   e << YAML::Key << "requests" << YAML::Value << YAML::BeginMap;
-  if (!j.cpus.empty()) kv(e, "cpu", j.cpus);
+  if (!j.cpus.empty() || !j.cpu_limit.empty()) kv(e, "cpu", j.cpus.empty() ? j.cpu_limit : j.cpus);
   if (!j.memory.empty()) kv(e, "memory", j.memory);
   if (gpus) kv(e, j.gpu_resource, std::to_string(j.gpus_per_node));
   e << YAML::EndMap;
-  if (!j.memory.empty() || gpus) {
+  if (!j.memory.empty() || gpus || !j.cpu_limit.empty()) {
     e << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
+    if (!j.cpu_limit.empty()) kv(e, "cpu", j.cpu_limit);
     if (!j.memory.empty()) kv(e, "memory", j.memory);
     if (gpus) kv(e, j.gpu_resource, std::to_string(j.gpus_per_node));
     e << YAML::EndMap;

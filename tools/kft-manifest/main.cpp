@@ -91,6 +91,7 @@ void load_job_file(const std::string& path, job& j) {
     else if (key == "gpus-per-node") j.gpus_per_node = static_cast<int>(integer());
     else if (key == "gpu-resource") j.gpu_resource = str();
     else if (key == "cpus") j.cpus = str();
+    else if (key == "cpu-limit") j.cpu_limit = str();
     else if (key == "memory") j.memory = str();
     else if (key == "env") pairs([&](const std::string& k, const std::string& val) { j.env.emplace_back(k, val); });
     else if (key == "queue") j.queue = str();
@@ -166,6 +167,7 @@ int main(int argc, char** argv) {
     o(s->add_option("--gpus-per-node", cli.gpus_per_node, "GPUs per node"));
     o(s->add_option("--gpu-resource", cli.gpu_resource, "GPU resource name (default: nvidia.com/gpu)"));
     o(s->add_option("--cpus", cli.cpus, "CPU request per node (a Kubernetes quantity: 4, 500m)"));
+    o(s->add_option("--cpu-limit", cli.cpu_limit, "CPU limit per node (default: none)"));
     o(s->add_option("--memory", cli.memory, "memory request and limit per node (16Gi, 512Mi)"));
     o(s->add_option("--env", env, "environment variable K=V (repeatable)"));
     o(s->add_option("--queue", cli.queue, "Kueue LocalQueue (Slurm: partition)"));
@@ -229,6 +231,7 @@ int main(int argc, char** argv) {
       else if (n == "--gpus-per-node") j.gpus_per_node = cli.gpus_per_node;
       else if (n == "--gpu-resource") j.gpu_resource = cli.gpu_resource;
       else if (n == "--cpus") j.cpus = cli.cpus;
+      else if (n == "--cpu-limit") j.cpu_limit = cli.cpu_limit;
       else if (n == "--memory") j.memory = cli.memory;
       else if (n == "--env") {
         j.env.clear();
@@ -262,6 +265,17 @@ int main(int argc, char** argv) {
     std::string text;
     if (*trainjob) {
       kft::manifest::validate(j, target::trainjob);
+      // These live in the ClusterTrainingRuntime, not in a TrainJob (Trainer v2.3 has no field
+      // for them): say so instead of dropping them silently.
+      std::string runtime_only;
+      if (j.gang_scheduling != kft::manifest::gang::none) runtime_only += " --gang";
+      if (!j.scheduler_name.empty()) runtime_only += " --scheduler-name";
+      if (j.max_restarts) runtime_only += " --max-restarts";
+      if (j.ttl) runtime_only += " --ttl";
+      if (!j.image_pull_policy.empty()) runtime_only += " --image-pull-policy";
+      if (!runtime_only.empty())
+        std::cerr << "kft-manifest: note:" << runtime_only << " belong to the runtime `" << j.runtime
+                  << "`: write it with `kft-manifest runtime` (the TrainJob cannot carry them)\n";
       text = manifest_tool::trainjob(j);
     } else if (*runtime) {
       kft::manifest::validate(j, target::runtime);

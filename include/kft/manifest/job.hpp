@@ -35,7 +35,8 @@ struct job {
   int nproc_per_node = 1;                    ///< --nproc-per-node (MPI slots per node)
   int gpus_per_node = 0;                     ///< --gpus-per-node
   std::string gpu_resource = "nvidia.com/gpu";  ///< --gpu-resource
-  std::string cpus;                          ///< --cpus: request (and limit) per node, a quantity
+  std::string cpus;                          ///< --cpus: CPU request per node, a quantity
+  std::string cpu_limit;                     ///< --cpu-limit: CPU limit per node (default: none, spare cycles usable)
   std::string memory;                        ///< --memory: request and limit per node, a quantity
   std::vector<std::pair<std::string, std::string>> env;  ///< --env K=V (in order)
   std::string queue;                         ///< --queue: Kueue LocalQueue
@@ -148,6 +149,8 @@ inline void validate(const job& j, target t) {
     bad("--image-pull-policy", j.image_pull_policy, "is not Always, IfNotPresent or Never");
   if (!j.cpus.empty() && !detail::quantity(j.cpus))
     bad("--cpus", j.cpus, "is not a Kubernetes quantity (e.g. 4, 500m, 2.5)");
+  if (!j.cpu_limit.empty() && !detail::quantity(j.cpu_limit))
+    bad("--cpu-limit", j.cpu_limit, "is not a Kubernetes quantity (e.g. 4, 500m, 2.5)");
   if (!j.memory.empty() && !detail::quantity(j.memory))
     bad("--memory", j.memory, "is not a Kubernetes quantity (e.g. 16Gi, 512Mi)");
   std::vector<std::string> seen;
