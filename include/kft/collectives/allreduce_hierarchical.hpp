@@ -55,6 +55,12 @@ class hierarchical_allreduce {
   /// have one rank per node (intra.size() x inter.size() = the job's size).
   void operator()(const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o = {}) {
     if (count == 0) return;
+    if constexpr (requires { Intra::device_buffers; }) {
+      if (Intra::device_buffers && op == op_kind::avg)
+        throw usage_error("avg on device buffers: the generic hierarchical allreduce divides on the host; use "
+                              "kft::nccl::hierarchical_allreduce (it pre-scales inside NCCL)",
+                          error_site::of("allreduce"));
+    }
     const std::size_t es = size_of(t), L = static_cast<std::size_t>(intra_.size());
     // avg: sums at both levels and one division by the job's size (an average of per-node
     // averages would truncate integers twice).

@@ -425,6 +425,9 @@ class [[nodiscard]] request {
 /// stops it on the failure path.
 class communicator {
  public:
+  /// Buffers live on the device: host-side post-processing (e.g. the generic hierarchical
+  /// allreduce's division for avg) must not touch them.
+  static constexpr bool device_buffers = true;
   /// @brief Collective over `size` ranks: meets through `store` (rank 0 publishes a NCCL unique
   /// id under "nccl/<name>/<n>/id", n counting this rank's communicators of that name, so a job
   /// may create several), then creates the communicator on CUDA device `device`.

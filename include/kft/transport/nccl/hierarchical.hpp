@@ -13,7 +13,7 @@
 /// `kft::nccl::communicator` provides everything the generic `kft::hierarchical_allreduce`
 /// needs, so `kft::hierarchical_allreduce<kft::nccl::communicator, kft::nccl::communicator>`
 /// works as it is for sum, prod, min and max (the `algorithm` in its options is ignored: NCCL
-/// chooses). Its `avg` divides on the host, which device buffers do not allow: this header's
+/// chooses). Its `avg` would divide on the host, so it refuses it on device buffers (usage_error): this header's
 /// `hierarchical_allreduce` runs an average as a sum whose inputs NCCL pre-multiplies by 1/N
 /// (PreMulSum) in the intra-node step, so nothing is divided afterwards. That needs a
 /// floating-point dtype; an integer average is refused (NCCL divides integers only in its own
