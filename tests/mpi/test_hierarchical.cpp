@@ -8,6 +8,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -279,4 +280,39 @@ BOOST_AUTO_TEST_CASE(host_id_from_the_environment) {
         w.allreduce(i, o, cnt, tt, k);
       }, kft::dtype::f32, op, n, false);
   BOOST_TEST(wrong == 0);
+}
+
+// Every wait has a deadline: rank 0 calls a collective the others join late or never; it gets
+// a timeout_error naming the call, and the communicator refuses further calls. MPI's own
+// collective cannot be withdrawn, so the others join it afterwards (it completes and MPI can
+// finalise); the ring's point-to-point messages are cancelled on timeout, so they never join.
+BOOST_AUTO_TEST_CASE(mpi_collective_times_out) {
+  if (world_size() < 2) {
+    BOOST_TEST_MESSAGE("one rank: nobody to wait for");
+    return;
+  }
+  for (auto a : {kft::algo::automatic, kft::algo::ring}) {
+    kft::mpi::communicator c;
+    std::vector<float> x(1024, 1.0f);
+    if (c.rank() == 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        c.allreduce(std::span<float>(x), kft::ops::sum, {.algorithm = a, .timeout = std::chrono::milliseconds(300)});
+        BOOST_FAIL("no timeout_error");
+      } catch (const kft::timeout_error& e) {
+        const std::string m = e.what();
+        BOOST_TEST_MESSAGE(m);
+        BOOST_TEST(m.find("mpi allreduce #1") != std::string::npos);
+        BOOST_TEST(m.find("timed out after 300 ms") != std::string::npos);
+      }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      BOOST_TEST(waited < 5.0);  // the deadline, not the peers' arrival, ended the wait
+      BOOST_CHECK_THROW(c.barrier(), kft::usage_error);
+      MPI_Barrier(MPI_COMM_WORLD);  // now the others may join the abandoned collective
+    } else {
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (a == kft::algo::automatic) c.allreduce(std::span<float>(x), kft::ops::sum, {.algorithm = a});
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
 }

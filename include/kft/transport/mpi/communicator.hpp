@@ -499,6 +499,12 @@ class communicator {
       b.pause();
       if ((spin & 255) == 255 && std::chrono::steady_clock::now() > deadline) {
         broken_ = std::string("a timed-out ") + op + " #" + std::to_string(seq);
+        // Point-to-point requests can be withdrawn: nothing of this call stays pending in MPI.
+        for (int i = 0; i < n; ++i)
+          if (reqs[i] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&reqs[i]);
+            MPI_Request_free(&reqs[i]);
+          }
         throw timeout_error(std::string(op) + " timed out after " + kft::detail::describe_duration(timeout) + " in " +
                                 phase + " waiting for rank " + std::to_string((rank_ + size_ - 1) % size_) +
                                 " (left neighbour) or rank " + std::to_string((rank_ + 1) % size_) + " (right)",
