@@ -11,6 +11,8 @@
 #define BOOST_TEST_NO_MAIN
 #include <boost/test/unit_test.hpp>
 
+#include "../common/reference.hpp"
+
 #include <cuda_runtime_api.h>
 #if KFT_WITH_MPI
 #include <mpi.h>
@@ -81,32 +83,8 @@ struct device_buffer {
   }
 };
 
-// Element i of rank r: small integers, so that every sum, product, min and max is exact in every
-// dtype (f16 and u8 included) and the reference is computed on the host.
-double input(int r, std::size_t i, kft::op_kind op, kft::dtype t) {
-  const auto ri = static_cast<std::size_t>(r);
-  if (op == kft::op_kind::prod) return (ri + i) % 3 == 0 ? 2.0 : 1.0;
-  const auto v = static_cast<double>((ri * 5 + i * 7) % 13);
-  return t == kft::dtype::u8 ? v : v - 6.0;
-}
-
-double expected(int p, std::size_t i, kft::op_kind op, kft::dtype t) {
-  double acc = input(0, i, op, t);
-  for (int r = 1; r < p; ++r) {
-    const double x = input(r, i, op, t);
-    switch (op) {
-      case kft::op_kind::prod: acc *= x; break;
-      case kft::op_kind::min: acc = std::min(acc, x); break;
-      case kft::op_kind::max: acc = std::max(acc, x); break;
-      default: acc += x;
-    }
-  }
-  if (op == kft::op_kind::avg) {
-    const bool integer = t == kft::dtype::i32 || t == kft::dtype::i64 || t == kft::dtype::u8;
-    acc = integer ? std::trunc(acc / p) : acc / p;
-  }
-  return acc;
-}
+using kft_test::expected;
+using kft_test::input;
 
 void put(kft::dtype t, void* buf, std::size_t i, double v) {
   switch (t) {

@@ -4,6 +4,8 @@
 #define BOOST_TEST_MODULE kft_hierarchical
 #include <boost/test/unit_test.hpp>
 
+#include "../common/reference.hpp"
+
 #include "mpi_session.hpp"
 
 #include <mpi.h>
@@ -30,31 +32,8 @@ int world_size() {
   return n;
 }
 
-// Element i of rank r's input: small integers, so every sum, product, min and max is exact in
-// every dtype (f16 included), and the reference is computed locally.
-// u8 gets the same pattern shifted to be non-negative.
-double input(int r, std::size_t i, kft::op_kind op, kft::dtype t) {
-  if (op == kft::op_kind::prod) return ((static_cast<std::size_t>(r) + i) % 3 == 0) ? 2.0 : 1.0;
-  return static_cast<double>(static_cast<long>((static_cast<std::size_t>(r) * 7 + i * 3) % 11) - (t == kft::dtype::u8 ? 0 : 4));
-}
-
-double expected(int p, std::size_t i, kft::op_kind op, kft::dtype t) {
-  double acc = input(0, i, op, t);
-  for (int r = 1; r < p; ++r) {
-    const double x = input(r, i, op, t);
-    switch (op) {
-      case kft::op_kind::prod: acc *= x; break;
-      case kft::op_kind::min: acc = std::min(acc, x); break;
-      case kft::op_kind::max: acc = std::max(acc, x); break;
-      default: acc += x;
-    }
-  }
-  if (op == kft::op_kind::avg) {
-    const bool integer = t == kft::dtype::i32 || t == kft::dtype::i64 || t == kft::dtype::u8;
-    acc = integer ? std::trunc(acc / p) : acc / p;
-  }
-  return acc;
-}
+using kft_test::expected;
+using kft_test::input;
 
 template <class T>
 void store_as(void* buf, std::size_t i, double v) {

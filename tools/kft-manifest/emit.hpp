@@ -80,6 +80,32 @@ inline void env_list(YAML::Emitter& e, const job& j, bool rdzv_secret) {
   e << YAML::EndSeq;
 }
 
+// apiVersion, kind and the opening of metadata with the name (and namespace, when given); the
+// caller adds labels and closes metadata.
+inline void head(YAML::Emitter& e, const char* api_version, const char* kind, const std::string& name,
+                 const std::string& ns) {
+  kv(e, "apiVersion", api_version);
+  kv(e, "kind", kind);
+  e << YAML::Key << "metadata" << YAML::Value << YAML::BeginMap;
+  kv(e, "name", name);
+  if (!ns.empty()) kv(e, "namespace", ns);
+}
+
+// Pod-template metadata from --label/--annotation (nothing when neither is given).
+inline void pod_metadata(YAML::Emitter& e, const job& j) {
+  if (j.labels.empty() && j.annotations.empty()) return;
+  e << YAML::Key << "metadata" << YAML::Value << YAML::BeginMap;
+  if (!j.labels.empty()) {
+    e << YAML::Key << "labels" << YAML::Value;
+    string_map(e, j.labels);
+  }
+  if (!j.annotations.empty()) {
+    e << YAML::Key << "annotations" << YAML::Value;
+    string_map(e, j.annotations);
+  }
+  e << YAML::EndMap;
+}
+
 inline void job_labels(YAML::Emitter& e, const job& j) {
   std::map<std::string, std::string> labels = j.labels;
   if (!j.queue.empty()) labels["kueue.x-k8s.io/queue-name"] = j.queue;
@@ -108,11 +134,7 @@ inline std::string trainjob(const job& j) {
                        " --from-literal=token=$(openssl rand -hex 16)")
       << YAML::Newline;
   e << YAML::BeginMap;
-  kv(e, "apiVersion", "trainer.kubeflow.org/v1alpha1");
-  kv(e, "kind", "TrainJob");
-  e << YAML::Key << "metadata" << YAML::Value << YAML::BeginMap;
-  kv(e, "name", j.name);
-  kv(e, "namespace", j.ns);
+  head(e, "trainer.kubeflow.org/v1alpha1", "TrainJob", j.name, j.ns);
   job_labels(e, j);
   e << YAML::EndMap;
   e << YAML::Key << "spec" << YAML::Value << YAML::BeginMap;
@@ -148,16 +170,8 @@ inline std::string trainjob(const job& j) {
     e << YAML::Key << "template" << YAML::Value << YAML::BeginMap;
     e << YAML::Key << "spec" << YAML::Value << YAML::BeginMap;
     e << YAML::Key << "template" << YAML::Value << YAML::BeginMap;
-    e << YAML::Key << "metadata" << YAML::Value << YAML::BeginMap;
-    if (!j.labels.empty()) {
-      e << YAML::Key << "labels" << YAML::Value;
-      string_map(e, j.labels);
-    }
-    if (!j.annotations.empty()) {
-      e << YAML::Key << "annotations" << YAML::Value;
-      string_map(e, j.annotations);
-    }
-    e << YAML::EndMap << YAML::EndMap << YAML::EndMap << YAML::EndMap << YAML::EndMap << YAML::EndSeq;
+    pod_metadata(e, j);
+    e << YAML::EndMap << YAML::EndMap << YAML::EndMap << YAML::EndMap << YAML::EndSeq;  // pod template .. item
     e << YAML::EndMap << YAML::EndMap << YAML::EndMap << YAML::EndMap << YAML::EndSeq;
   }
   e << YAML::EndMap << YAML::EndMap;
@@ -167,10 +181,7 @@ inline std::string trainjob(const job& j) {
 inline std::string runtime(const job& j) {
   YAML::Emitter e;
   e << YAML::BeginMap;
-  kv(e, "apiVersion", "trainer.kubeflow.org/v1alpha1");
-  kv(e, "kind", "ClusterTrainingRuntime");
-  e << YAML::Key << "metadata" << YAML::Value << YAML::BeginMap;
-  kv(e, "name", j.runtime);
+  head(e, "trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime", j.runtime, "");  // cluster-scoped
   e << YAML::Key << "labels" << YAML::Value << YAML::BeginMap;
   kv(e, "trainer.kubeflow.org/framework", "torch");  // PET_* injection: kftrun reads them
   kv(e, "app.kubernetes.io/managed-by", "kft-manifest");
@@ -227,11 +238,7 @@ inline std::string runtime(const job& j) {
 inline std::string mpijob(const job& j) {
   YAML::Emitter e;
   e << YAML::BeginMap;
-  kv(e, "apiVersion", "kubeflow.org/v2beta1");
-  kv(e, "kind", "MPIJob");
-  e << YAML::Key << "metadata" << YAML::Value << YAML::BeginMap;
-  kv(e, "name", j.name);
-  kv(e, "namespace", j.ns);
+  head(e, "kubeflow.org/v2beta1", "MPIJob", j.name, j.ns);
   job_labels(e, j);
   e << YAML::EndMap;
   e << YAML::Key << "spec" << YAML::Value << YAML::BeginMap;
@@ -258,18 +265,7 @@ inline std::string mpijob(const job& j) {
     e << YAML::Key << "replicas" << YAML::Value << (launcher ? 1 : j.nodes);
     kv(e, "restartPolicy", launcher ? "OnFailure" : "Never");
     e << YAML::Key << "template" << YAML::Value << YAML::BeginMap;
-    if (!j.labels.empty() || !j.annotations.empty()) {
-      e << YAML::Key << "metadata" << YAML::Value << YAML::BeginMap;
-      if (!j.labels.empty()) {
-        e << YAML::Key << "labels" << YAML::Value;
-        string_map(e, j.labels);
-      }
-      if (!j.annotations.empty()) {
-        e << YAML::Key << "annotations" << YAML::Value;
-        string_map(e, j.annotations);
-      }
-      e << YAML::EndMap;
-    }
+    pod_metadata(e, j);
     e << YAML::Key << "spec" << YAML::Value << YAML::BeginMap;
     if (!j.scheduler_name.empty()) kv(e, "schedulerName", j.scheduler_name);
     e << YAML::Key << "containers" << YAML::Value << YAML::BeginSeq << YAML::BeginMap;
