@@ -1,4 +1,5 @@
-# Runs one *_perf benchmark for CTest and passes only if it exits 0 and reports no wrong values.
+# Runs one *_perf benchmark for CTest and passes only if it exits 0 and reports no wrong values
+# (and, with -DEXPECT=<regex>, its output matches that too).
 #   cmake "-DCOMMAND=mpirun;-np;2;.../allreduce_perf;-b;8" -P check_perf.cmake
 if(NOT COMMAND)
   message(FATAL_ERROR "check_perf.cmake: pass -DCOMMAND=<the command as a ;-list>")
@@ -14,4 +15,7 @@ endif()
 string(FIND "${out}" "# Out of bounds values : 0 OK" ok)
 if(ok EQUAL -1)
   message(FATAL_ERROR "check_perf: no \"# Out of bounds values : 0 OK\" line")
+endif()
+if(EXPECT AND NOT out MATCHES "${EXPECT}")
+  message(FATAL_ERROR "check_perf: the output does not match \"${EXPECT}\"")
 endif()

@@ -72,6 +72,8 @@
 #include <kft/collectives/options.hpp>
 #include <kft/core/dtype.hpp>
 #include <kft/core/ops.hpp>
+#include <kft/discovery/mpi.hpp>
+#include <kft/rendezvous/connect.hpp>
 #include <kft/rendezvous/mpi_bootstrap.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
@@ -476,18 +478,74 @@ struct kft_row {  // what the peers table needs of a float-sum row
   std::size_t json_index = 0;
 };
 
+// ---- the ranks' own coordination --------------------------------------------------------------
+
+// Barriers, combining per-rank times and gathering lines between the bench's ranks: MPI under
+// an MPI launcher; under kftrun or torchrun (no MPI job exists there) a second shared-memory
+// communicator, apart from the one being measured, over the launcher's store. The MPI peer
+// columns exist only in the first case.
+class control {
+ public:
+  virtual ~control() = default;
+  virtual void barrier() = 0;
+  virtual void bcast(void* data, std::size_t bytes, int root) = 0;
+  virtual void reduce(double* v, std::size_t n, kft::op_kind op) = 0;  // in place, every rank gets it
+  virtual void reduce(std::int64_t* v, std::size_t n, kft::op_kind op) = 0;
+  virtual void gather(const char* mine, std::size_t bytes, char* all) = 0;  // rank r's bytes at all + r * bytes
+  virtual bool mpi() const = 0;  // MPI_COMM_WORLD is the bench's world (MPI peers can run)
+};
+
+class mpi_control final : public control {
+ public:
+  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+  void bcast(void* data, std::size_t bytes, int root) override {
+    MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD);
+  }
+  void reduce(double* v, std::size_t n, kft::op_kind op) override {
+    MPI_Allreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_DOUBLE, mpi_op(op), MPI_COMM_WORLD);
+  }
+  void reduce(std::int64_t* v, std::size_t n, kft::op_kind op) override {
+    MPI_Allreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_INT64_T, mpi_op(op), MPI_COMM_WORLD);
+  }
+  void gather(const char* mine, std::size_t bytes, char* all) override {
+    MPI_Allgather(mine, static_cast<int>(bytes), MPI_CHAR, all, static_cast<int>(bytes), MPI_CHAR, MPI_COMM_WORLD);
+  }
+  bool mpi() const override { return true; }
+
+ private:
+  static MPI_Op mpi_op(kft::op_kind op) {
+    return op == kft::op_kind::min ? MPI_MIN : op == kft::op_kind::max ? MPI_MAX : MPI_SUM;
+  }
+};
+
+class shm_control final : public control {
+ public:
+  shm_control(std::shared_ptr<kft::rendezvous::store> store, int rank, int size)
+      : comm_(std::make_shared<kft::rendezvous::prefix_store>(std::move(store), "bench-control/"), rank, size,
+              {.name = "bench-control"}) {}
+  void barrier() override { comm_.barrier(); }
+  void bcast(void* data, std::size_t bytes, int root) override { comm_.broadcast(data, data, bytes, kft::dtype::u8, root); }
+  void reduce(double* v, std::size_t n, kft::op_kind op) override { comm_.allreduce(v, v, n, kft::dtype::f64, op); }
+  void reduce(std::int64_t* v, std::size_t n, kft::op_kind op) override { comm_.allreduce(v, v, n, kft::dtype::i64, op); }
+  void gather(const char* mine, std::size_t bytes, char* all) override { comm_.allgather(mine, all, bytes, kft::dtype::u8); }
+  bool mpi() const override { return false; }
+
+ private:
+  kft::shm::communicator comm_;
+};
+
 #if KFT_BENCH_WITH_GLOO
 // Gloo's context over TCP on the loopback interface; the rendezvous is a FileStore in a fresh
 // directory under /tmp whose name rank 0 broadcasts.
 class gloo_peer {
  public:
-  gloo_peer(int rank, int size) {
+  gloo_peer(control& ctl, int rank, int size) {
     std::string dir(256, '\0');
     if (rank == 0) {
       char tmpl[] = "/tmp/kft-bench-gloo-XXXXXX";
       if (::mkdtemp(tmpl) != nullptr) std::snprintf(dir.data(), dir.size(), "%s", tmpl);
     }
-    MPI_Bcast(dir.data(), static_cast<int>(dir.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+    ctl.bcast(dir.data(), dir.size(), 0);
     dir.resize(std::strlen(dir.c_str()));
     if (dir.empty()) throw std::runtime_error("mkdtemp(/tmp/kft-bench-gloo-XXXXXX) failed on rank 0");
     std::string failure;
@@ -504,13 +562,13 @@ class gloo_peer {
       failure = e.what();
       ctx_.reset();
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    ctl.barrier();
     if (rank == 0) {
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
     }
-    int ok = ctx_ ? 1 : 0;
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    std::int64_t ok = ctx_ ? 1 : 0;
+    ctl.reduce(&ok, 1, kft::op_kind::min);
     if (!ok) throw std::runtime_error("gloo set-up failed" + (failure.empty() ? std::string() : ": " + failure));
   }
   void allreduce(const float* in, float* out, std::size_t count) {
@@ -559,39 +617,38 @@ class unbound_scope {
 
 class bench {
  public:
-  bench(const settings& s, int rank, int nranks) : a_(s), me_(rank), n_(nranks) {}
+  bench(const settings& s, control& ctl, std::shared_ptr<kft::rendezvous::store> store, int rank, int nranks)
+      : a_(s), ctl_(ctl), store_(std::move(store)), me_(rank), n_(nranks) {}
 
   int run();
 
  private:
   bool next_size(std::size_t& size) const { return ::next_size(a_, size); }
 
-  // -- MPI helpers
+  // -- combining the ranks' numbers (the control plane: MPI or kft's own, see `control`)
   double combine(double v) const {
     double out = v;
     switch (a_.average) {
-      case 0: MPI_Bcast(&out, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD); break;
-      case 1: MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD); out /= n_; break;
-      case 2: MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD); break;
-      default: MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); break;
+      case 0: ctl_.bcast(&out, sizeof out, 0); break;
+      case 1: ctl_.reduce(&out, 1, kft::op_kind::sum); out /= n_; break;
+      case 2: ctl_.reduce(&out, 1, kft::op_kind::min); break;
+      default: ctl_.reduce(&out, 1, kft::op_kind::max); break;
     }
     return out;
   }
-  static double max_all(double v) {
-    double out = v;
-    MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    return out;
+  double max_all(double v) const {
+    ctl_.reduce(&v, 1, kft::op_kind::max);
+    return v;
   }
-  static std::int64_t sum_all(std::int64_t v) {
-    std::int64_t out = v;
-    MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-    return out;
+  std::int64_t sum_all(std::int64_t v) const {
+    ctl_.reduce(&v, 1, kft::op_kind::sum);
+    return v;
   }
 
   template <class F>
   timing time_calls(int warmup, int iters, F&& call) const {
     for (int w = 0; w < warmup; ++w) call();
-    MPI_Barrier(MPI_COMM_WORLD);
+    ctl_.barrier();
     const long f0 = minor_faults();
     const auto t0 = clk::now();
     for (int i = 0; i < iters; ++i) call();
@@ -602,16 +659,16 @@ class bench {
 
   // Every call timed; a call's time is the slowest rank's.
   template <class F>
-  static iter_stats time_each(int warmup, int iters, F&& call) {
+  iter_stats time_each(int warmup, int iters, F&& call) const {
     for (int w = 0; w < warmup; ++w) call();
     std::vector<double> t(static_cast<std::size_t>(iters));
-    MPI_Barrier(MPI_COMM_WORLD);
+    ctl_.barrier();
     for (auto& x : t) {
       const auto t0 = clk::now();
       call();
       x = seconds_since(t0);
     }
-    MPI_Allreduce(MPI_IN_PLACE, t.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    ctl_.reduce(t.data(), t.size(), kft::op_kind::max);
     std::sort(t.begin(), t.end());
     const std::size_t n = t.size();
     const std::size_t i99 = std::min(n - 1, (n * 99 + 99) / 100 - 1);  // nccl-tests percentileIndex
@@ -659,12 +716,15 @@ class bench {
   // before kft's table (mallopt cannot be undone), then mallopt, then memcpy, tuned MPI and Gloo
   // right after each kft row, so kft and its peers are timed seconds apart.
   void peers_before();
+  void measure_mpi_default();
   void peers_after_row(std::size_t idx);
   void print_peers();
   void run_latency();
   void write_json();
 
   const settings& a_;
+  control& ctl_;
+  std::shared_ptr<kft::rendezvous::store> store_;
   int me_, n_;
   kft::options opts_;
   std::unique_ptr<kft::shm::communicator> comm_;
@@ -683,6 +743,7 @@ class bench {
   std::vector<peer_point> mcp_, mpi_tuned_, gl_;
   int mmap_ok_ = 0, trim_ok_ = 0;
   std::string gloo_note_ = "not built with Gloo";
+  std::string mpi_note_;  // why the MPI columns are empty, when they are
 #if KFT_BENCH_WITH_GLOO
   std::unique_ptr<gloo_peer> gloo_;
 #endif
@@ -719,7 +780,7 @@ std::int64_t bench::verify(const shape& sh, kft::dtype t, kft::op_kind op, int r
   auto gathered = [&](std::size_t i) { return elem<T>::make(pt.at(static_cast<int>(i / cnt), i % cnt)); };
 
   // Peers may still be reading this rank's buffers from the previous call (zero-copy).
-  MPI_Barrier(MPI_COMM_WORLD);
+  ctl_.barrier();
   std::int64_t wrong = 0;
   unsigned char* recv = static_cast<unsigned char*>(recv_);
   if (!in_place) {
@@ -796,7 +857,7 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
       void* out = recv_;
       if (in_place) std::tie(in, out) = in_place_buffers(sh, es);
       auto call = [&] { collective(in, out, sh.count, t, op, root); };
-      MPI_Barrier(MPI_COMM_WORLD);
+      ctl_.barrier();
       const timing tm = time_calls(a_.warmup, a_.iters, call);
       std::optional<iter_stats> st;
       if (a_.p50) st = time_each(0, a_.iters, call);
@@ -831,7 +892,7 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
       for (kft::algo f : {kft::algo::one_shot, kft::algo::two_shot}) {
         kft::options o = opts_;
         o.algorithm = f;
-        MPI_Barrier(MPI_COMM_WORLD);
+        ctl_.barrier();
         const timing tm = time_calls(a_.warmup, a_.iters, [&] { collective(send_, recv_, sh.count, t, op, root, &o); });
         const double algbw = tm.sec > 0 ? static_cast<double>(sh.alg_bytes) / 1e9 / tm.sec : 0;
         ar.busbw[static_cast<int>(f)] = algbw * bus_factor(n_);
@@ -859,9 +920,8 @@ void bench::print_header() {
   char line[512];
   std::snprintf(line, sizeof line, "#  Rank %2d Group %2d Pid %6d on %10s device %2d [cpu %d] kft shm\n", me_, 0,
                 static_cast<int>(::getpid()), host, -1, ::sched_getcpu());
-  std::vector<char> lines(me_ == 0 ? sizeof line * static_cast<std::size_t>(n_) : 1);
-  MPI_Gather(line, static_cast<int>(sizeof line), MPI_CHAR, lines.data(), static_cast<int>(sizeof line), MPI_CHAR, 0,
-             MPI_COMM_WORLD);
+  std::vector<char> lines(sizeof line * static_cast<std::size_t>(n_));
+  ctl_.gather(line, sizeof line, lines.data());
   if (me_ != 0) return;
   const auto& cfg = cfg_;
   std::printf("# kft %s collective_perf (shared-memory transport, nccl-tests format)\n", KFT_VERSION_STRING);
@@ -954,8 +1014,8 @@ peer_point point_of(const std::pair<timing, int>& r, std::size_t bytes, double f
 }
 }  // namespace
 
-void bench::peers_before() {
-  if (!peers_on_) return;
+// MPI_Allreduce as configured, every size, before anything changes malloc's settings.
+void bench::measure_mpi_default() {
   auto* fin = static_cast<const float*>(send_);
   auto* fout = static_cast<float*>(recv_);
   // Warm-up at the largest and the smallest size, as before kft's rows.
@@ -977,6 +1037,12 @@ void bench::peers_before() {
     }
     if (!next_size(size)) break;
   }
+}
+
+void bench::peers_before() {
+  if (!peers_on_) return;
+  if (ctl_.mpi()) measure_mpi_default();
+  else mpi_note_ = "n/a: not started by an MPI launcher (run it under mpirun to measure MPI_Allreduce)";
   // "Tuned": freed memory stays in the heap, so per-call temporaries stop page-faulting.
   mmap_ok_ = ::mallopt(M_MMAP_THRESHOLD, 1 << 30);
   trim_ok_ = ::mallopt(M_TRIM_THRESHOLD, INT_MAX);
@@ -987,7 +1053,7 @@ void bench::peers_before() {
     // message; it is created, and Gloo runs, without the binding, as under torchrun.
     unbound_scope unbound;
     try {
-      gloo_ = std::make_unique<gloo_peer>(me_, n_);
+      gloo_ = std::make_unique<gloo_peer>(ctl_, me_, n_);
       gloo_note_ = std::string("gloo::allreduce, ring, TCP on 127.0.0.1, tuned malloc") +
                    (unbound.active() ? ", ranks not bound to cores while Gloo runs" : "");
     } catch (const std::exception& e) {
@@ -1010,7 +1076,7 @@ void bench::peers_after_row(std::size_t idx) {
     // memcpy: rank 0 alone, the others wait in a barrier.
     double per = 0;
     int iters = 0;
-    MPI_Barrier(MPI_COMM_WORLD);
+    ctl_.barrier();
     if (me_ == 0) {
       auto t0 = clk::now();
       std::memcpy(recv_, send_, bytes);
@@ -1025,13 +1091,13 @@ void bench::peers_after_row(std::size_t idx) {
       }
       per = seconds_since(t0) / iters;
     }
-    MPI_Bcast(&per, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    MPI_Bcast(&iters, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    ctl_.bcast(&per, sizeof per, 0);
+    ctl_.bcast(&iters, sizeof iters, 0);
     mc.time_us = per * 1e6;
     mc.algbw = mc.busbw = per > 0 ? static_cast<double>(bytes) / 1e9 / per : 0;
     mc.iters = iters;
     mc.valid = true;
-    if (r.count <= static_cast<std::size_t>(INT_MAX)) {
+    if (ctl_.mpi() && r.count <= static_cast<std::size_t>(INT_MAX)) {
       const int c = static_cast<int>(r.count);
       tuned = point_of(time_budgeted([&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }), bytes, factor);
     }
@@ -1061,9 +1127,12 @@ void bench::print_peers() {
   std::printf("#\n# kft vs peers: allreduce, float sum, out-of-place, %d ranks, busbw in GB/s (time = %s)\n", n_,
               a_.average == 3 ? "slowest rank's average call" : "as -a says");
   std::printf("#   memcpy: rank 0 alone, one thread, the same bytes; its column is bytes/time in GB/s\n");
-  std::printf("#   mpi: MPI_Allreduce as configured, every size measured before kft's table; mpi-tune: the same after "
-              "mallopt(M_MMAP_THRESHOLD, 1 GiB) -> %s, mallopt(M_TRIM_THRESHOLD, INT_MAX) -> %s\n",
-              mmap_ok_ ? "ok" : "refused", trim_ok_ ? "ok" : "refused");
+  if (mpi_note_.empty())
+    std::printf("#   mpi: MPI_Allreduce as configured, every size measured before kft's table; mpi-tune: the same after "
+                "mallopt(M_MMAP_THRESHOLD, 1 GiB) -> %s, mallopt(M_TRIM_THRESHOLD, INT_MAX) -> %s\n",
+                mmap_ok_ ? "ok" : "refused", trim_ok_ ? "ok" : "refused");
+  else
+    std::printf("#   mpi, mpi-tune: %s\n", mpi_note_.c_str());
   std::printf("#   gloo: %s\n", gloo_note_.c_str());
   std::printf("#   memcpy, mpi-tune and gloo run right after kft's row of the same size; x<peer> = kft busbw / peer busbw "
               "(x memcpy: kft busbw / memcpy GB/s); peers' calls per size are capped at ~%g s (json: iterations)\n",
@@ -1113,6 +1182,7 @@ void bench::print_peers() {
                                      (trim_ok_ ? "ok" : "refused") + ", right after kft's row"},
                    {"gloo_ring", gloo_note_},
                    {"budget_seconds", a_.peer_budget}};
+  if (!mpi_note_.empty()) doc_["peers"]["mpi_default"] = doc_["peers"]["mpi_tuned"] = mpi_note_;
 }
 
 void bench::run_latency() {
@@ -1135,17 +1205,22 @@ void bench::run_latency() {
   for (std::size_t size : sizes) {
     const std::size_t cnt = size / sizeof(float);
     const kft::algo chosen = a_.algorithm == kft::algo::automatic ? comm_->choose("allreduce", cnt * sizeof(float), a_.zero_copy) : a_.algorithm;
-    MPI_Barrier(MPI_COMM_WORLD);
+    ctl_.barrier();
     const iter_stats k = time_each(warm, a_.latency_iters, [&] { comm_->allreduce(fin, fout, cnt, kft::dtype::f32, kft::op_kind::sum, opts_); });
     const int c = static_cast<int>(cnt);
-    const iter_stats m = time_each(warm, a_.latency_iters, [&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); });
+    iter_stats m{};
+    if (ctl_.mpi()) m = time_each(warm, a_.latency_iters, [&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); });
     if (me_ == 0) {
-      std::printf("# %10zu  %8s  %8.2f %8.2f  %8.2f %8.2f  %9.2f\n", size, std::string(kft::name(chosen)).c_str(),
-                  k.p50 * 1e6, k.p99 * 1e6, m.p50 * 1e6, m.p99 * 1e6, m.p50 > 0 ? k.p50 / m.p50 : 0.0);
+      if (ctl_.mpi())
+        std::printf("# %10zu  %8s  %8.2f %8.2f  %8.2f %8.2f  %9.2f\n", size, std::string(kft::name(chosen)).c_str(),
+                    k.p50 * 1e6, k.p99 * 1e6, m.p50 * 1e6, m.p99 * 1e6, m.p50 > 0 ? k.p50 / m.p50 : 0.0);
+      else
+        std::printf("# %10zu  %8s  %8.2f %8.2f  %8s %8s  %9s\n", size, std::string(kft::name(chosen)).c_str(), k.p50 * 1e6,
+                    k.p99 * 1e6, "-", "-", "-");
       std::fflush(stdout);
       latency_.push_back({{"size", size}, {"algorithm", std::string(kft::name(chosen))}, {"iterations", a_.latency_iters},
                           {"kft", {{"p50_us", k.p50 * 1e6}, {"p99_us", k.p99 * 1e6}}},
-                          {"mpi", {{"p50_us", m.p50 * 1e6}, {"p99_us", m.p99 * 1e6}}}});
+                          {"mpi", ctl_.mpi() ? json{{"p50_us", m.p50 * 1e6}, {"p99_us", m.p99 * 1e6}} : json(nullptr)}});
     }
   }
 }
@@ -1201,7 +1276,6 @@ int bench::run() {
   if (a_.latency) buf_bytes_ = std::max(buf_bytes_, a_.latency_max);
   const std::size_t rounded = (buf_bytes_ + 4095) / 4096 * 4096;
 
-  auto handle = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
   kft::shm::config cfg;
   cfg.name = "bench";
   if (a_.staging_bytes) cfg.staging_bytes = a_.staging_bytes;
@@ -1209,7 +1283,7 @@ int bench::run() {
   if (a_.timeout_s > 0) cfg.timeout = std::chrono::seconds(a_.timeout_s);
   if (a_.zero_copy) cfg.pool_bytes = 2 * rounded + 4096;
   cfg_ = cfg;
-  comm_ = std::make_unique<kft::shm::communicator>(handle.client, me_, n_, cfg);
+  comm_ = std::make_unique<kft::shm::communicator>(store_, me_, n_, cfg);
   if (a_.zero_copy) {
     send_ = comm_->allocate_bytes(rounded);
     recv_ = comm_->allocate_bytes(rounded);
@@ -1249,7 +1323,7 @@ int bench::run() {
   write_json();
   if (me_ == 0) std::printf("\n");
 
-  MPI_Barrier(MPI_COMM_WORLD);  // nobody still reads a peer's zero-copy buffer
+  ctl_.barrier();  // nobody still reads a peer's zero-copy buffer
   comm_.reset();
   if (own_buffers_) {
     std::free(send_);
@@ -1258,22 +1332,50 @@ int bench::run() {
   return errors_ ? 1 : 0;
 }
 
-int run_main(int argc, char** argv) {
-  int rank = 0, nranks = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+// How this process was started decides who coordinates the ranks: an MPI launcher (MPI is
+// then the control plane and a peer), kftrun/torchrun (kft's store and shared memory; no MPI
+// job exists), or nothing (one rank, MPI initialised as a singleton for the peer columns).
+enum class launch { mpi, launcher, single };
+
+launch launch_of(const kft::environment& env) {
+  const bool mpi_vars = env.has("OMPI_COMM_WORLD_SIZE") || env.has("PMI_SIZE") || env.has("PMIX_RANK");
+  const bool torch_vars = env.has("TORCHELASTIC_RUN_ID") || (env.has("RANK") && env.has("WORLD_SIZE"));
+  if (torch_vars) return launch::launcher;  // a worker inherits its agent's PMIx variables (srun ... kftrun)
+  return mpi_vars ? launch::mpi : launch::single;
+}
+
+int run_main(int argc, char** argv, launch how) {
+  const auto env = kft::environment::process();
+  int rank = 0, nranks = 1, local_size = 1;
+  std::optional<kft::world_info> world;
+  if (how == launch::launcher) {
+    world = kft::discover(env);
+    rank = world->rank;
+    nranks = world->world_size;
+    local_size = world->local_size.value_or(nranks);
+  } else {
+    kft::discovery::verify_mpi_world(env);  // N singletons of a mismatched launcher: refuse
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    MPI_Comm local = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    MPI_Comm_size(local, &local_size);
+    MPI_Comm_free(&local);
+  }
   settings s;
   if (auto rc = parse_flags(argc, argv, rank, s)) return *rc;
 
-  MPI_Comm local = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int local_size = 0;
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm_free(&local);
   // Across nodes (host names differ, or KFT_HOST_ID splits this machine), or --algo flat or
   // hierarchical: kft::mpi::world against MPI_Allreduce (bench/multinode.hpp).
-  const bool spans_nodes = local_size != nranks || std::getenv("KFT_HOST_ID") != nullptr;
+  const bool spans_nodes = local_size != nranks || env.has("KFT_HOST_ID");
   if (spans_nodes || s.algorithm == kft::algo::flat || s.algorithm == kft::algo::hierarchical) {
+    if (how == launch::launcher) {
+      if (rank == 0)
+        std::fprintf(stderr, "%s: across nodes (or with --algo flat/hierarchical) the bench compares kft with "
+                             "MPI_Allreduce and needs an MPI launcher (mpirun, srun --mpi=pmix); under kftrun or "
+                             "torchrun it measures one node's shared-memory collectives\n", argv[0]);
+      return 2;
+    }
     if constexpr (kColl == coll::allreduce) {
       return multinode::run(s.min_bytes, [&](std::size_t& x) { return next_size(s, x); }, s.iters,
                             s.warmup, s.algorithm, s.json_path);
@@ -1284,7 +1386,16 @@ int run_main(int argc, char** argv) {
       return 2;
     }
   }
-  bench b(s, rank, nranks);
+  if (how == launch::launcher) {
+    auto handle = kft::rendezvous::connect_store(*world, env);
+    shm_control ctl(handle.client, rank, nranks);
+    bench b(s, ctl, handle.client, rank, nranks);
+    b.set_args(argc, argv);
+    return b.run();
+  }
+  auto handle = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
+  mpi_control ctl;
+  bench b(s, ctl, handle.client, rank, nranks);
   b.set_args(argc, argv);
   return b.run();
 }
@@ -1292,17 +1403,30 @@ int run_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  const launch how = launch_of(kft::environment::process());
+  const bool with_mpi = how != launch::launcher;
+  if (with_mpi) MPI_Init(&argc, &argv);
   int rc = 0;
   try {
-    rc = run_main(argc, argv);
+    rc = run_main(argc, argv, how);
+  } catch (const kft::config_error& e) {
+    // A launcher mix-up or a malformed environment: every rank sees the same, so each exits
+    // alone; the launcher's rank 0 says why.
+    bool first = true;
+    try {
+      first = kft::discover_report(kft::environment::process()).world.rank == 0;
+    } catch (const kft::error&) {  // the environment itself is malformed: every rank says so
+    }
+    if (first) std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    rc = 2;
   } catch (const std::exception& e) {
     int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (with_mpi) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     std::fprintf(stderr, "%s: rank %d: %s\n", argv[0], rank, e.what());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    if (with_mpi) MPI_Abort(MPI_COMM_WORLD, 1);
+    rc = 1;
   }
-  MPI_Finalize();
+  if (with_mpi) MPI_Finalize();
   return rc;
 }

@@ -16,6 +16,7 @@ test_pkgs=(libboost-test-dev
            slurmd slurmctld slurm-client libpmix-dev   # a real Slurm cluster on localhost
            python3-torch                               # torchrun (Debian's /usr/bin/python3)
            procps iproute2                             # pgrep/ps and ss (Slurm script), ip/tc (netns hosts)
+           mpich                                       # mpirun.mpich: a launcher that is not kft's MPI (mix-up tests)
            python3-jsonschema python3-yaml)            # manifest validation against the real CRDs
 
 bench_pkgs=(libgloo-dev                                # Gloo, a peer in allreduce_perf

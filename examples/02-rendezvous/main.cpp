@@ -1,9 +1,10 @@
 // Example 02: meet the other ranks through the job's store.
 //
 // Under kftrun the store is already there (kftrun's node-0 agent hosts it and tells every
-// worker where, with a token). Under another launcher rank 0 hosts it at MASTER_ADDR:MASTER_PORT
-// and every rank needs the same KFT_RDZV_TOKEN. Each rank publishes its host name, waits for
-// everyone's, and rank 0 prints the table.
+// worker where, with a token); under torchrun's static rendezvous it is torchrun's own store.
+// Otherwise rank 0 hosts it at MASTER_ADDR:MASTER_PORT (on several hosts every rank then needs
+// the same KFT_RDZV_TOKEN). Each rank publishes its host name, waits for everyone's, and rank 0
+// prints the table.
 //
 //   kftrun --nproc-per-node 3 -- build/examples/02-rendezvous
 //   02-rendezvous --timestamp     also print when the rendezvous completed (for bench/)

@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
         std::printf("%s: %s ran %s, averaged %zu floats correctly\n", lay.describe().c_str(),
                     kft::name(a).data(), kft::name(w.choose(grad.size() * sizeof(float), a)).data(), grad.size());
     }
+  } catch (const kft::config_error& e) {  // e.g. started by a launcher that is not this MPI's
+    std::fprintf(stderr, "%s\n", e.what());
+    status = 2;
   } catch (const kft::error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     status = 1;

@@ -19,7 +19,7 @@ CASES = [
      ["--mpi=off"]),
     # Launcher says 3 ranks, MPI (initialised outside mpirun: a singleton) says 1.
     ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3"}, 2,
-     'OMPI_COMM_WORLD_SIZE="3" but MPI_COMM_WORLD has 1 rank(s)', ["--mpi=on"], "mpi"),
+     'OMPI_COMM_WORLD_SIZE="3" but MPI_COMM_WORLD has 1 rank: Open MPI\'s mpirun started the job', ["--mpi=on"], "mpi"),
     ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "node[01-03"},
      2, 'SLURM_STEP_NODELIST="node[01-03" is not a Slurm host list'),
     ({"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_STEP_ID": "0", "SLURM_TASKS_PER_NODE": "2(x3),1"},

@@ -8,8 +8,8 @@ FILE may be "-" for standard input; every file may hold several YAML documents
 separated by "---".  Each document is checked in two stages:
 
 1. JSON Schema: the matching CRD version's openAPIV3Schema (from the schemas
-   directory) is converted to a Draft 7 JSON Schema as described in
-   shared/notes/kubernetes.md section 8 and the document (with null values
+   directory) is converted to a Draft 7 JSON Schema (structural-schema rules
+   below, "CRD -> JSON Schema") and the document (with null values
    dropped, as the API server prunes them) is validated against it.  Every
    error is reported with its JSON path.
 
@@ -24,8 +24,8 @@ Output: one line per problem, "FILE: doc N (Kind name): path: message".
 Exit status: 0 all documents valid ("ok: N document(s)"), 1 some problem,
 2 usage error (unreadable file, unparsable YAML, missing schemas/modules).
 
-The schemas directory defaults to <repo>/../shared/schemas and can be
-overridden with --schemas or the KFT_SCHEMAS_DIR environment variable.  Its
+The schemas directory defaults to tests/manifest/schemas (upstream copies, see
+its SOURCES.md) and can be overridden with --schemas or the KFT_SCHEMAS_DIR environment variable.  Its
 runtimes/ subdirectory (the default ClusterTrainingRuntimes) is used, together
 with any runtime documents given on the command line, to resolve a TrainJob's
 runtimeRef for the checks that need the runtime (see check_trainjob).
@@ -356,7 +356,7 @@ def read_input(path):
 
 
 # --------------------------------------------------------------------------------------------
-# CRD -> JSON Schema (shared/notes/kubernetes.md section 8)
+# CRD -> JSON Schema (the API server's structural-schema rules)
 # --------------------------------------------------------------------------------------------
 
 def convert_schema(node, top_level=False):
@@ -943,9 +943,8 @@ def check_mpijob(doc):
 # --------------------------------------------------------------------------------------------
 
 def default_schemas_dir():
-    """<repo>/../shared/schemas, the repo being two levels above tests/manifest."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.path.normpath(os.path.join(repo, "..", "shared", "schemas"))
+    """tests/manifest/schemas: the upstream CRDs, runtimes and examples kept in the repository."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas")
 
 
 def load_shipped_runtimes(schemas_dir):
@@ -1025,7 +1024,7 @@ def main(argv=None):
                     "manifests offline against the CRDs plus webhook/controller rules.")
     parser.add_argument("--schemas", metavar="DIR",
                         help="directory with the CRD YAML files (default: $KFT_SCHEMAS_DIR or "
-                             "<repo>/../shared/schemas)")
+                             "tests/manifest/schemas)")
     parser.add_argument("files", nargs="+", metavar="FILE", help="YAML file, or - for stdin")
     try:
         args = parser.parse_args(argv)

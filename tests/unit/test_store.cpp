@@ -3,12 +3,16 @@
 #define BOOST_TEST_MODULE kft_store
 #include <boost/test/unit_test.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -358,8 +362,115 @@ BOOST_AUTO_TEST_CASE(connect_store_uses_kftrun_variables_and_prefix) {
   o.token = "tok";
   rdzv::tcp_store raw(o);
   BOOST_TEST(*raw.try_get("kftrun/job/r1/user/k") == "v");
-  BOOST_CHECK_EXCEPTION(rdzv::connect_store(w, kft::environment{}), kft::config_error,
+  // A launcher store without its token: refused, naming the variable.
+  const kft::environment no_token(kft::environment::map_type{{"KFT_STORE_ADDR", "127.0.0.1"},
+                                                             {"KFT_STORE_PORT", std::to_string(server.port())}});
+  BOOST_CHECK_EXCEPTION(rdzv::connect_store(w, no_token), kft::config_error,
                         [](const kft::config_error& e) { return e.variable() == "KFT_RDZV_TOKEN"; });
+}
+
+namespace {
+// A private runtime directory for the token handover, removed afterwards.
+struct runtime_dir {
+  std::filesystem::path path;
+  runtime_dir() {
+    char tmpl[] = "/tmp/kft-test-xdg-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~runtime_dir() { std::filesystem::remove_all(path); }
+  std::size_t files() const {
+    std::size_t n = 0;
+    if (std::filesystem::exists(path / "kft"))
+      for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(path / "kft")) ++n;
+    return n;
+  }
+};
+
+int free_port() {
+  rdzv::tcp_store_server probe({"127.0.0.1", 0, "t", {}});
+  return probe.port();
+}
+
+kft::world_info one_host_rank(int rank, int size, int port, int nodes = 1) {
+  kft::world_info w;
+  w.rank = rank;
+  w.world_size = size;
+  w.node_count = nodes;
+  w.master_addr = "127.0.0.1";
+  w.master_port = port;
+  return w;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(one_host_needs_no_token_and_leaves_no_file) {
+  runtime_dir xdg;
+  const int port = free_port();
+  const kft::environment env(kft::environment::map_type{{"XDG_RUNTIME_DIR", xdg.path.string()},
+                                                        {"TORCHELASTIC_RUN_ID", "unit-" + kft::random_token()}});
+  std::optional<rdzv::store_handle> h1;
+  std::thread peer([&] { h1.emplace(rdzv::connect_store(one_host_rank(1, 2, port), env, 10s)); });
+  std::this_thread::sleep_for(100ms);  // rank 1 waits for rank 0's file
+  auto h0 = std::make_unique<rdzv::store_handle>(rdzv::connect_store(one_host_rank(0, 2, port), env, 10s));
+  peer.join();
+  BOOST_TEST(h0->server != nullptr);
+  BOOST_REQUIRE(!h0->token_file.empty());
+  auto mode = [](const std::filesystem::path& p) {
+    return static_cast<unsigned>(std::filesystem::status(p).permissions() & std::filesystem::perms::all);
+  };
+  BOOST_TEST(mode(h0->token_file) == 0600u);
+  BOOST_TEST(mode(xdg.path / "kft") == 0700u);
+  h1->client->set("from1", "x");
+  BOOST_TEST(h0->client->get("from1", 2s) == "x");
+  h1.reset();
+  h0.reset();
+  BOOST_TEST(xdg.files() == 0u);  // the handover file went with rank 0's handle
+}
+
+BOOST_AUTO_TEST_CASE(a_stale_token_file_of_a_dead_rank0_is_not_used) {
+  runtime_dir xdg;
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);  // a pid that no longer runs
+  std::filesystem::create_directory(xdg.path / "kft");
+  const auto file = (xdg.path / "kft" / "stale.token").string();
+  {
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    std::fprintf(f, "deadbeef %d\n", static_cast<int>(child));
+    std::fclose(f);
+    std::filesystem::permissions(file, std::filesystem::perms(0600));
+  }
+  BOOST_CHECK_EXCEPTION(rdzv::detail::read_token(file, 300ms), kft::timeout_error, [&](const kft::timeout_error& e) {
+    return std::string(e.what()).find(file) != std::string::npos &&
+           std::string(e.what()).find("KFT_RDZV_TOKEN") != std::string::npos;
+  });
+}
+
+BOOST_AUTO_TEST_CASE(a_token_directory_open_to_others_is_refused) {
+  runtime_dir xdg;
+  std::filesystem::create_directory(xdg.path / "kft");
+  std::filesystem::permissions(xdg.path / "kft", std::filesystem::perms(0755));
+  const kft::environment env(kft::environment::map_type{{"XDG_RUNTIME_DIR", xdg.path.string()}});
+  BOOST_CHECK_EXCEPTION(rdzv::connect_store(one_host_rank(0, 2, free_port()), env, 1s), kft::config_error,
+                        [](const kft::config_error& e) {
+                          return std::string(e.what()).find("is not a directory private to this user") != std::string::npos;
+                        });
+}
+
+BOOST_AUTO_TEST_CASE(several_hosts_still_need_a_token) {
+  runtime_dir xdg;
+  const kft::environment env(kft::environment::map_type{{"XDG_RUNTIME_DIR", xdg.path.string()}});
+  BOOST_CHECK_EXCEPTION(rdzv::connect_store(one_host_rank(1, 4, free_port(), 2), env, 1s), kft::config_error,
+                        [](const kft::config_error& e) {
+                          return e.variable() == "KFT_RDZV_TOKEN" &&
+                                 std::string(e.what()).find("several hosts") != std::string::npos;
+                        });
+  BOOST_TEST(xdg.files() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(torchrun_agent_store_needs_the_restart_count) {
+  const kft::environment env(kft::environment::map_type{{"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  BOOST_CHECK_EXCEPTION(rdzv::connect_store(one_host_rank(0, 2, 29500), env, 1s), kft::config_error,
+                        [](const kft::config_error& e) { return e.variable() == "TORCHELASTIC_RESTART_COUNT"; });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -18,6 +19,7 @@
 #include <kft/discovery/json.hpp>
 #include <kft/kft.hpp>
 
+#include <kft/rendezvous/connect.hpp>
 #include <kft/topology/layout.hpp>
 
 #if KFT_WITH_MPI
@@ -89,13 +91,20 @@ nlohmann::json host_facts() {
 }
 
 // Which ranks share this node, by host identity: exchanged over MPI when MPI is up, through
-// kftrun's store under kftrun; otherwise only this rank's identity is known.
-nlohmann::json topology_facts(const kft::world_info& w, const kft::environment& env, [[maybe_unused]] bool use_mpi) {
+// the job's store under kftrun or torchrun; otherwise only this rank's identity is known. The
+// store exchange needs every rank to run kft-info, so it waits `store_timeout` at most (a
+// kft-info started on rank 0 alone must not hang for the store's default minute).
+nlohmann::json topology_facts(const kft::world_info& w, const kft::environment& env, [[maybe_unused]] bool use_mpi,
+                              const std::string& mode, std::chrono::milliseconds store_timeout) {
   nlohmann::json j;
   try {
     const std::string host = kft::topology::host_id(env);
     j["host_id"] = host;
     std::optional<kft::topology::layout> lay;
+    if (mode == "off") {
+      j["error"] = "not exchanged (--topology=off)";
+      return j;
+    }
     if (w.world_size == 1) {
       lay.emplace(0, std::vector<std::string>{host});
       j["via"] = "single process";
@@ -106,13 +115,16 @@ nlohmann::json topology_facts(const kft::world_info& w, const kft::environment& 
       j["via"] = "MPI_Allgather";
     }
 #endif
-    if (!lay && env.has("KFT_STORE_ADDR")) {
-      auto store = kft::rendezvous::connect_store(w, env);
-      lay = kft::topology::exchange(*store.client, w.rank, w.world_size, host, std::chrono::seconds(60));
-      j["via"] = "kftrun store";
+    // A launcher store: kftrun's, or the one torchrun's rendezvous implies.
+    const bool has_store = env.has("KFT_STORE_ADDR") || (env.has("TORCHELASTIC_RUN_ID") && w.master_addr && w.master_port);
+    if (!lay && has_store) {
+      auto store = kft::rendezvous::connect_store(w, env, store_timeout);
+      store.drain_timeout = store_timeout;
+      j["via"] = kft::rendezvous::store_kind(env);
+      lay = kft::topology::exchange(*store.client, w.rank, w.world_size, host, store_timeout);
     }
     if (!lay) {
-      j["error"] = "ranks not grouped: run under MPI or kftrun to exchange host identities";
+      j["error"] = "ranks not grouped: run under MPI, kftrun or torchrun to exchange host identities";
       return j;
     }
     j["layout"] = lay->describe();
@@ -194,13 +206,22 @@ void print_text(const kft::discovery_report& r, const nlohmann::json& host, cons
 int main(int argc, char** argv) {
   CLI::App app{"kft-info: what this rank discovered about the job and its host"};
   bool json = false, pretty = false;
-  std::string mpi_mode = "auto";
+  std::string mpi_mode = "auto", topology_mode = "auto";
+  double topology_timeout = 5;
   app.add_flag("--json", json, "print one JSON object on one line (for scripts)");
   app.add_flag("--pretty", pretty, "with --json, indent the output");
   app.add_option("--mpi", mpi_mode,
                  "initialise MPI and ask MPI_COMM_WORLD: auto = when an MPI launcher's variables are present "
                  "and no torchrun/kftrun worker variables")
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_option("--topology", topology_mode,
+                 "group ranks by host: auto = over MPI, or through the job's store under kftrun/torchrun (every "
+                 "rank must then run kft-info); off = do not")
+      ->check(CLI::IsMember({"auto", "off"}));
+  app.add_option("--topology-timeout", topology_timeout,
+                 "seconds to wait for the other ranks' host identities through the store")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   const auto env = kft::environment::process();
@@ -218,6 +239,7 @@ int main(int argc, char** argv) {
   }
 #endif
 
+  const auto store_wait = std::chrono::milliseconds(static_cast<long long>(topology_timeout * 1000));
   int status = 0;
   try {
 #if KFT_WITH_MPI
@@ -227,9 +249,9 @@ int main(int argc, char** argv) {
 #endif
     auto host = host_facts();
 #if KFT_WITH_MPI
-    host["topology"] = topology_facts(report.world, env, use_mpi);
+    host["topology"] = topology_facts(report.world, env, use_mpi, topology_mode, store_wait);
 #else
-    host["topology"] = topology_facts(report.world, env, false);
+    host["topology"] = topology_facts(report.world, env, false, topology_mode, store_wait);
 #endif
     const auto build = build_facts();
     if (json) {
@@ -249,10 +271,10 @@ int main(int argc, char** argv) {
       print_text(report, host, build);
     }
   } catch (const kft::config_error& e) {
-    std::cerr << e.what() << "\n";
+    std::cerr << (std::string(e.what()) + "\n") << std::flush;  // one write: ranks share the pipe
     status = 2;
   } catch (const kft::error& e) {
-    std::cerr << e.what() << "\n";
+    std::cerr << (std::string(e.what()) + "\n") << std::flush;  // one write: ranks share the pipe
     status = 1;
   }
 #if KFT_WITH_MPI

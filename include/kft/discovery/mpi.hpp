@@ -14,6 +14,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <charconv>
 #include <optional>
 #include <string>
@@ -36,6 +37,67 @@ inline void mpi_check(int rc, const char* call) {
 }
 }  // namespace detail
 
+/// @brief The MPI library's own name, e.g. "Open MPI v4.1.4" or "MPICH Version: 4.0.2".
+inline std::string mpi_library_name() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  if (MPI_Get_library_version(text, &len) != MPI_SUCCESS) return "unknown MPI";
+  std::string s(text, static_cast<std::size_t>(std::max(len, 0)));
+  s = s.substr(0, std::min(s.find(','), s.find('\n')));
+  for (char& c : s)
+    if (c == '\t') c = ' ';
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s.empty() ? "unknown MPI" : s;
+}
+
+/// @brief Refuses to run as N silent singletons: compares `MPI_COMM_WORLD`'s size with the
+/// world the launcher's own variables describe (torchrun/kftrun `WORLD_SIZE`, Open MPI's
+/// `OMPI_COMM_WORLD_SIZE`, PMI's `PMI_SIZE`, a Slurm step's task count), in discovery's
+/// precedence. MPI must be initialised. Every rank of such a job sees the same mismatch, so
+/// each one throws on its own (no communication).
+/// @throws config_error naming the variable, its value, MPI's size and the actual mix-up
+inline void verify_mpi_world(const environment& env) {
+  int size = 1;
+  detail::mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
+  struct claim {
+    const char* var;
+    std::string launcher;
+  };
+  std::optional<claim> c;
+  if (env.has("TORCHELASTIC_RUN_ID") || (env.has("RANK") && env.has("WORLD_SIZE")))
+    c = claim{"WORLD_SIZE", env.get("KFT_LAUNCHER") == "kftrun" ? "kftrun" : "torchrun"};
+  else if (env.has("OMPI_COMM_WORLD_SIZE"))
+    c = claim{"OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"};
+  else if (env.has("PMI_SIZE"))
+    c = claim{"PMI_SIZE", env.has("SLURM_STEP_ID") ? "srun with a PMI plugin" : "a PMI launcher (MPICH's mpiexec/mpirun.mpich, Hydra)"};
+  else if (env.has("SLURM_STEP_ID") && env.has("SLURM_PROCID"))
+    c = claim{env.has("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS", "srun"};
+  if (!c) return;
+  const auto v = env.get(c->var);
+  if (!v) return;
+  int launched = 0;
+  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), launched);
+  if (ec != std::errc() || p != v->data() + v->size() || launched == size) return;
+  const std::string lib = mpi_library_name();
+  const std::string ranks = std::to_string(size) + (size == 1 ? " rank" : " ranks");
+  std::string why;
+  if (c->launcher == "kftrun" || c->launcher == "torchrun")
+    why = c->launcher + " started the processes, and each initialised MPI on its own (" + lib +
+          " singletons): " + c->launcher + " does not start MPI jobs; start an MPI program with mpirun or srun --mpi=pmix";
+  else if (c->launcher == "srun")
+    why = "srun started the tasks, but the program's MPI (" + lib +
+          ") did not get the job from Slurm: give srun the PMI plugin this MPI needs (Open MPI: srun --mpi=pmix; "
+          "srun --mpi=list shows them)";
+  else {
+    const std::string own = lib.starts_with("Open MPI") ? "Open MPI's mpirun (mpirun.openmpi on Debian)"
+                            : lib.starts_with("MPICH")  ? "MPICH's mpirun (mpirun.mpich on Debian)"
+                                                        : "the launcher of that MPI";
+    why = c->launcher + " started the job, but the program is linked with " + lib +
+          ", which is not that launcher's MPI: start it with " + own + ", or rebuild it against the launcher's MPI";
+  }
+  throw config_error(c->var, *v, "but MPI_COMM_WORLD has " + ranks + ": " + why, error_site::of("discover (mpi)"));
+}
+
 /// @brief `MPI_COMM_WORLD`, when MPI is initialised.
 ///
 /// Applies only when MPI has been initialised (and not finalised) by the program, and the
@@ -56,19 +118,7 @@ struct mpi_comm {
     detail::mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
     const bool launched = env.has("OMPI_COMM_WORLD_SIZE") || env.has("PMI_SIZE") || env.has("PMIX_RANK");
     if (size == 1 && !launched) return std::nullopt;
-    // The classic mix-up: a program built against one MPI started by another MPI's launcher
-    // initialises as N singletons, each "rank 0 of 1". The launcher's own count gives it away.
-    for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
-      auto v = env.get(var);
-      if (!v) continue;
-      int launched_size = 0;
-      auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), launched_size);
-      if (ec == std::errc() && p == v->data() + v->size() && launched_size != size)
-        throw config_error(var, *v,
-                           "but MPI_COMM_WORLD has " + std::to_string(size) +
-                               " rank(s): the program's MPI library does not belong to the launcher that "
-                               "started it (e.g. an MPICH build under Open MPI's mpirun)");
-    }
+    verify_mpi_world(env);
 
     MPI_Comm local = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local),

@@ -2,17 +2,23 @@
 /// @brief Reaching the job's store from a rank, however the job was launched.
 #pragma once
 
+#include <unistd.h>
+
 #include <memory>
+#include <utility>
 
 #include <kft/core/environment.hpp>
 #include <kft/core/parse.hpp>
 #include <kft/discovery/world_info.hpp>
+#include <kft/rendezvous/detail/token_file.hpp>
 #include <kft/rendezvous/tcp_store.hpp>
+#include <kft/rendezvous/torch_store.hpp>
 
 KFT_NAMESPACE_BEGIN
 namespace rendezvous {
 
-/// @brief A connection to the job's store; on rank 0 without a launcher it also owns the server.
+/// @brief A connection to the job's store; on rank 0 without a launcher-hosted store it also
+/// owns the server.
 ///
 /// Where it owns the server, destruction first closes this process's own connection, then
 /// waits (up to `drain_timeout`) for every other rank to disconnect, so that a rank 0 that
@@ -21,39 +27,80 @@ struct store_handle {
   std::shared_ptr<store> client;
   std::unique_ptr<tcp_store_server> server;  ///< set only where this process hosts the store
   std::chrono::milliseconds drain_timeout = std::chrono::seconds(60);
+  std::string token_file;  ///< the single-host token handover file this process wrote, if any
 
   store_handle() = default;
-  store_handle(store_handle&&) noexcept = default;
-  store_handle& operator=(store_handle&&) noexcept = default;
-  ~store_handle() {
+  store_handle(store_handle&& o) noexcept
+      : client(std::move(o.client)), server(std::move(o.server)), drain_timeout(o.drain_timeout),
+        token_file(std::exchange(o.token_file, {})) {}
+  store_handle& operator=(store_handle&& o) noexcept {
+    if (this != &o) {
+      release();
+      client = std::move(o.client);
+      server = std::move(o.server);
+      drain_timeout = o.drain_timeout;
+      token_file = std::exchange(o.token_file, {});
+    }
+    return *this;
+  }
+  ~store_handle() { release(); }
+
+ private:
+  void release() noexcept {
+    if (!token_file.empty()) ::unlink(token_file.c_str());
+    token_file.clear();
     client.reset();
     if (server) server->drain(drain_timeout);
+    server.reset();
   }
 };
+
+/// @brief Which store `connect_store` uses for a world and environment, in words (kft-info).
+inline std::string store_kind(const environment& env) {
+  if (env.has("KFT_STORE_ADDR")) return "kft store hosted by the launcher (KFT_STORE_ADDR)";
+  if (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True") return "torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True)";
+  return "kft store hosted by rank 0 at MASTER_ADDR:MASTER_PORT";
+}
 
 /// @brief Connects to the job's store.
 ///
 /// - Under kftrun: `KFT_STORE_ADDR`, `KFT_STORE_PORT` and `KFT_RDZV_TOKEN` name the store the
 ///   launcher hosts, and `KFT_STORE_PREFIX` scopes this restart round's keys.
-/// - Otherwise (mpirun, srun, a pod): rank 0 hosts the store at the rendezvous address
-///   (`w.master_addr`/`w.master_port`, or `KFT_STORE_ADDR`/`KFT_STORE_PORT`), and every rank
-///   connects with `KFT_RDZV_TOKEN`, which must then be set identically on all ranks.
-///   (With MPI, `mpi_bootstrap()` needs no address or token.)
+/// - Under torchrun's static rendezvous (`TORCHELASTIC_USE_AGENT_STORE=True`): torchrun's own
+///   `TCPStore` at `MASTER_ADDR:MASTER_PORT` (`torch_store.hpp`; no token: torch's store has
+///   none), keys under `/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/kft/`.
+/// - Otherwise (torchrun's c10d rendezvous and `--standalone`, mpirun, srun, a pod): rank 0
+///   hosts a kft store at the rendezvous address (`w.master_addr`/`w.master_port`, or
+///   `KFT_STORE_ADDR`/`KFT_STORE_PORT`) and every rank presents `KFT_RDZV_TOKEN`. When it is
+///   unset and every rank is on this host (`w.node_count == 1`), rank 0 makes a random token
+///   and hands it over through a file only this user can read (`detail/token_file.hpp`); a
+///   job on several hosts must set one secret on every rank. (With MPI, `mpi_bootstrap()`
+///   needs no address or token.)
 /// @throws config_error naming what is missing
 inline store_handle connect_store(const world_info& w, const environment& env = environment::process(),
                                   std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   constexpr std::string_view ctx = "rendezvous store";
-  const auto token = env.get("KFT_RDZV_TOKEN");
-  if (!token || token->empty())
-    throw config_error("KFT_RDZV_TOKEN", token.value_or(""),
-                       "is not set: the job's store needs a shared token (kftrun sets it; otherwise set the "
-                       "same secret on every rank)",
-                       error_site::of("store connect"));
   store_handle h;
+  if (!env.has("KFT_STORE_ADDR") && env.get("TORCHELASTIC_USE_AGENT_STORE") == "True") {
+    if (!w.master_addr || !w.master_port)
+      throw config_error("TORCHELASTIC_USE_AGENT_STORE", "True",
+                         "but MASTER_ADDR/MASTER_PORT are not both set: cannot tell where torchrun's store is",
+                         error_site::of("store connect"));
+    const int attempt = env_int_required(env, "TORCHELASTIC_RESTART_COUNT", 0, 1 << 30, ctx);
+    torch_tcp_store::options o;
+    o.host = *w.master_addr;
+    o.port = *w.master_port;
+    o.connect_timeout = timeout;
+    h.client = std::make_shared<prefix_store>(std::make_shared<torch_tcp_store>(std::move(o)),
+                                              "/worker/attempt_" + std::to_string(attempt) + "/kft/");
+    return h;
+  }
+
   std::string host;
   int port = 0;
-  if (auto addr = env.get("KFT_STORE_ADDR")) {
-    host = *addr;
+  const bool launcher_store = env.has("KFT_STORE_ADDR");
+  if (launcher_store) {
+    host = *env.get("KFT_STORE_ADDR");
     port = env_int_required(env, "KFT_STORE_PORT", 1, 65535, ctx);
   } else {
     if (!w.master_addr || !w.master_port)
@@ -63,12 +110,37 @@ inline store_handle connect_store(const world_info& w, const environment& env = 
                          error_site::of("store connect"));
     host = *w.master_addr;
     port = *w.master_port;
-    if (w.rank == 0) h.server = std::make_unique<tcp_store_server>(tcp_store_server::options{host, port, *token, {}});
   }
+
+  std::string token = env.get("KFT_RDZV_TOKEN").value_or("");
+  if (token.empty()) {
+    const bool one_host = w.world_size == 1 || w.node_count == 1;
+    if (launcher_store || !one_host)
+      throw config_error("KFT_RDZV_TOKEN", "",
+                         launcher_store ? "is not set, but the launcher's store needs its token (kftrun sets it)"
+                                        : "is not set: a job on several hosts needs one secret shared by every rank "
+                                          "(e.g. KFT_RDZV_TOKEN=$(openssl rand -hex 16) exported to every rank; "
+                                          "kftrun and kft-manifest do it for you; see docs/launching.md)",
+                         error_site::of("store connect"));
+    // One host: rank 0 makes a token and hands it to the others through a private file.
+    std::string key = detail::endpoint(host, port);
+    for (const char* v : {"TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "PMIX_NAMESPACE", "SLURM_JOB_ID",
+                          "SLURM_STEP_ID"})
+      key += std::string("|") + v + "=" + env.get(v).value_or("");
+    const std::string path = detail::private_dir(env) + "/" + detail::token_file_name(key);
+    if (w.rank == 0) {
+      token = detail::publish_token(path);
+      h.token_file = path;
+    } else {
+      token = detail::read_token(path, timeout);
+    }
+  }
+  if (!launcher_store && w.rank == 0)
+    h.server = std::make_unique<tcp_store_server>(tcp_store_server::options{host, port, token, {}});
   tcp_store::options o;
   o.host = host;
   o.port = port;
-  o.token = *token;
+  o.token = token;
   o.connect_timeout = timeout;
   o.name = "rank " + std::to_string(w.rank);
   h.client = std::make_shared<tcp_store>(std::move(o));

@@ -568,24 +568,14 @@ class tcp_store final : public store {
     std::lock_guard lock(mu_);
     if (!fd_) lost(what, "an earlier request failed");
     const auto deadline = detail::clock::now() + timeout;
-    for (std::size_t sent = 0; sent < frame.size();) {
-      if (!detail::wait_for(fd_.get(), POLLOUT, deadline)) lost(what, "timed out sending");
-      const ssize_t n = ::send(fd_.get(), frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) lost(what, detail::errno_text(errno));
-      sent += static_cast<std::size_t>(n);
-    }
+    if (auto why = detail::send_all(fd_.get(), frame, deadline); !why.empty()) lost(what, why);
     auto read_exact = [&](std::size_t count) {
       std::string buf(count, '\0');
-      for (std::size_t got = 0; got < count;) {
-        if (!detail::wait_for(fd_.get(), POLLIN, deadline))
-          lost(what, "no reply within " + kft::detail::describe_duration(timeout));
-        const ssize_t n = ::recv(fd_.get(), buf.data() + got, count - got, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n == 0) lost(what, "the store closed the connection (did its host process end?)");
-        if (n < 0) lost(what, detail::errno_text(errno));
-        got += static_cast<std::size_t>(n);
-      }
+      using st = detail::recv_result::status;
+      const auto r = detail::recv_exact(fd_.get(), buf.data(), count, deadline);
+      if (r.what == st::timeout) lost(what, "no reply within " + kft::detail::describe_duration(timeout));
+      if (r.what == st::closed) lost(what, "the store closed the connection (did its host process end?)");
+      if (r.what == st::error) lost(what, detail::errno_text(r.err));
       return buf;
     };
     const auto header = read_exact(4);

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdint>
 #include <fstream>
 #include <map>
 #include <string>
@@ -130,7 +131,19 @@ inline layout exchange(rendezvous::store& store, int rank, int size, std::string
   store.set(scope + std::to_string(rank), host);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(scope + std::to_string(r));
-  store.wait(keys, timeout);
+  try {
+    store.wait(keys, timeout);
+  } catch (const timeout_error&) {
+    std::string missing;
+    int count = 0;
+    for (int r = 0; r < size; ++r)
+      if (!store.try_get(keys[static_cast<std::size_t>(r)])) missing += (count++ ? ", " : "") + std::to_string(r);
+    if (count == 0) throw;  // everyone arrived just at the deadline: the store's own message
+    throw timeout_error((count == 1 ? "rank " : "ranks ") + missing + " of " + std::to_string(size) +
+                            " did not publish a host identity within " + kft::detail::describe_duration(timeout) +
+                            " (on " + store.describe() + ")",
+                        error_site{rank, size, "topology exchange", static_cast<std::uint64_t>(round)});
+  }
   std::vector<std::string> hosts;
   hosts.reserve(static_cast<std::size_t>(size));
   for (const auto& k : keys) hosts.push_back(store.get(k, timeout));

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -205,6 +206,49 @@ inline bool wait_for(int fd, short events, clock::time_point deadline) {
     if (rc > 0) return true;
     if (rc < 0 && errno != EINTR) return true;  // let the read/write report the error
   }
+}
+
+/// Sends all of `data` before `deadline`. Empty on success, else why not.
+inline std::string send_all(int fd, std::string_view data, clock::time_point deadline) {
+  for (std::size_t sent = 0; sent < data.size();) {
+    if (!wait_for(fd, POLLOUT, deadline)) return "timed out sending";
+    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return errno_text(errno);
+    sent += static_cast<std::size_t>(n);
+  }
+  return {};
+}
+
+/// How a `recv_exact` ended.
+struct recv_result {
+  enum class status { ok, timeout, closed, error } what = status::ok;
+  std::size_t got = 0;  ///< bytes received before it ended
+  int err = 0;          ///< errno, for status::error
+};
+
+/// Receives exactly `count` bytes into `buf` before `deadline`.
+inline recv_result recv_exact(int fd, char* buf, std::size_t count, clock::time_point deadline) {
+  recv_result r;
+  while (r.got < count) {
+    if (!wait_for(fd, POLLIN, deadline)) {
+      r.what = recv_result::status::timeout;
+      return r;
+    }
+    const ssize_t n = ::recv(fd, buf + r.got, count - r.got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) {
+      r.what = recv_result::status::closed;
+      return r;
+    }
+    if (n < 0) {
+      r.what = recv_result::status::error;
+      r.err = errno;
+      return r;
+    }
+    r.got += static_cast<std::size_t>(n);
+  }
+  return r;
 }
 
 }  // namespace rendezvous::detail

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include <kft/collectives/allreduce_hierarchical.hpp>
+#include <kft/discovery/mpi.hpp>
 #include <kft/rendezvous/mpi_bootstrap.hpp>
 #include <kft/topology/mpi.hpp>
 #include <kft/transport/mpi/communicator.hpp>
@@ -68,6 +69,9 @@ class world {
   /// @brief Collective over `comm`.
   explicit world(MPI_Comm comm = MPI_COMM_WORLD, world_config cfg = {})
       : cfg_(std::move(cfg)), flat_(comm, cfg_.mpi), forced_(algo_from_env()) {
+    // N processes that each initialised MPI alone (kftrun, or another MPI's launcher) would
+    // otherwise run as N silent one-rank jobs.
+    discovery::verify_mpi_world(environment::process());
     layout_ = topology::exchange(flat_.native(), cfg_.host ? *cfg_.host : topology::host_id());
 
     // The node's ranks meet through a store of their own (127.0.0.1 when MPI sees them on one
