@@ -69,7 +69,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <kft/collectives/options.hpp>
+#include <kft/core/options.hpp>
 #include <kft/core/dtype.hpp>
 #include <kft/core/ops.hpp>
 #include <kft/discovery/mpi.hpp>

@@ -1,10 +1,10 @@
-// allreduce_perf across nodes: kft's flat and hierarchical allreduce (kft::mpi::world) against
+// allreduce_perf across nodes: kft's flat and hierarchical allreduce (kft::group::mpi_group) against
 // MPI_Allreduce, all timed in the same run, with the bytes each node sent across nodes counted
 // from its network interfaces. Included by collective_perf.cpp (allreduce only); runs when the
 // ranks span several nodes (host names, or KFT_HOST_ID) or --algo is flat or hierarchical.
 #pragma once
 
-#include <kft/transport/mpi/world.hpp>
+#include <kft/group/mpi_group.hpp>
 
 namespace multinode {
 
@@ -44,7 +44,7 @@ inline double max_all(double v) {
 
 // Times `call` (after `warmup` calls): slowest rank's average, and per-node interface bytes.
 template <class F>
-measured time_it(kft::mpi::world& w, int warmup, int iters, F&& call) {
+measured time_it(kft::group::mpi_cpu_group& w, int warmup, int iters, F&& call) {
   for (int i = 0; i < warmup; ++i) call();
   MPI_Barrier(MPI_COMM_WORLD);
   const bool counter = w.layout().local_rank() == 0;  // one reader per node (one namespace)
@@ -60,7 +60,7 @@ measured time_it(kft::mpi::world& w, int warmup, int iters, F&& call) {
   return m;
 }
 
-inline long verify(kft::mpi::world& w, float* in, float* out, std::size_t count, kft::algo a) {
+inline long verify(kft::group::mpi_cpu_group& w, float* in, float* out, std::size_t count, kft::algo a) {
   const int me = w.rank(), p = w.size();
   for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>((static_cast<std::size_t>(me) + i) % 17);
   w.allreduce(in, out, count, kft::dtype::f32, kft::op_kind::sum, {.algorithm = a});
@@ -79,7 +79,8 @@ inline long verify(kft::mpi::world& w, float* in, float* out, std::size_t count,
 template <class Next>
 int run(std::size_t min_bytes, Next next_size, int iters, int warmup, kft::algo requested,
         const std::string& json_path) {
-  kft::mpi::world w;
+  auto g = kft::group::mpi_group();
+  auto& w = *g;
   const int me = w.rank(), p = w.size();
   const auto& lay = w.layout();
   const int M = lay.nodes(), L = lay.local_size();

@@ -17,7 +17,7 @@ int main() {
   try {
     const kft::world_info me = kft::discover();
     auto store = kft::rendezvous::connect_store(me);
-    auto comm = kft::shm::node_communicator(store.client, me, {.pool_bytes = 64u << 20});
+    auto comm = kft::group::node_communicator(store.client, me, {.pool_bytes = 64u << 20});
 
     // A gradient whose average over the ranks is known: rank r contributes r + i % 10.
     std::vector<float> grad(1000);

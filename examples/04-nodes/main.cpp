@@ -3,7 +3,7 @@
 //   mpirun -np 4 build/examples/04-nodes                     # one machine: one node
 //   mpirun -np 2 env KFT_HOST_ID=a build/examples/04-nodes : -np 2 env KFT_HOST_ID=b build/examples/04-nodes
 //
-// kft::mpi::world groups the ranks by host, builds a shared-memory communicator per node and an
+// kft::group::mpi_group groups the ranks by host, builds a shared-memory communicator per node and an
 // MPI communicator per rail, and picks how each allreduce runs (one node: shared memory; even
 // nodes: hierarchical; uneven: flat). The example averages a gradient with every algorithm that
 // applies, checks the result, and rank 0 prints the layout and what ran.
@@ -12,13 +12,14 @@
 #include <cstdio>
 #include <vector>
 
-#include <kft/transport/mpi/world.hpp>
+#include <kft/group/mpi_group.hpp>
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int status = 0;
   try {
-    kft::mpi::world w;
+    auto g = kft::group::mpi_group();  // collective over MPI_COMM_WORLD
+    auto& w = *g;
     const auto& lay = w.layout();
     std::vector<float> grad(1 << 20);  // 4 MiB: large enough for the pipelined path
     const float mean_rank = static_cast<float>(w.size() - 1) / 2.0f;

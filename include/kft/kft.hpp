@@ -16,4 +16,5 @@
 #include <kft/discovery/world_info.hpp>
 #include <kft/rendezvous/connect.hpp>
 #include <kft/topology/layout.hpp>
+#include <kft/group/node.hpp>
 #include <kft/transport/shm/communicator.hpp>

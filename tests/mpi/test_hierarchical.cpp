@@ -1,6 +1,6 @@
 // The MPI communicator, node grouping, and flat vs hierarchical allreduce across "nodes", checked
 // against a reference computed locally. Ranks of one machine are split into nodes by host
-// identity (world_config::host here; KFT_HOST_ID in the launcher-level tests).
+// identity (mpi_group_config::host here; KFT_HOST_ID in the launcher-level tests).
 #define BOOST_TEST_MODULE kft_hierarchical
 #include <boost/test/unit_test.hpp>
 
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include <kft/transport/mpi/world.hpp>
+#include <kft/group/mpi_group.hpp>
 
 namespace {
 
@@ -35,57 +35,20 @@ int world_size() {
 using kft_test::expected;
 using kft_test::input;
 
-template <class T>
-void store_as(void* buf, std::size_t i, double v) {
-  if constexpr (std::is_same_v<T, kft::half> || std::is_same_v<T, kft::bfloat16>) static_cast<T*>(buf)[i] = T(static_cast<float>(v));
-  else static_cast<T*>(buf)[i] = static_cast<T>(v);
-}
-template <class T>
-double load_as(const void* buf, std::size_t i) {
-  if constexpr (std::is_same_v<T, kft::half> || std::is_same_v<T, kft::bfloat16>) return static_cast<float>(static_cast<const T*>(buf)[i]);
-  else return static_cast<double>(static_cast<const T*>(buf)[i]);
-}
-
-struct typed {
-  void (*store)(void*, std::size_t, double);
-  double (*load)(const void*, std::size_t);
-};
-typed ops_of(kft::dtype t) {
-  switch (t) {
-    case kft::dtype::f32: return {store_as<float>, load_as<float>};
-    case kft::dtype::f64: return {store_as<double>, load_as<double>};
-    case kft::dtype::f16: return {store_as<kft::half>, load_as<kft::half>};
-    case kft::dtype::bf16: return {store_as<kft::bfloat16>, load_as<kft::bfloat16>};
-    case kft::dtype::i32: return {store_as<std::int32_t>, load_as<std::int32_t>};
-    case kft::dtype::i64: return {store_as<std::int64_t>, load_as<std::int64_t>};
-    case kft::dtype::u8: return {store_as<std::uint8_t>, load_as<std::uint8_t>};
-  }
-  return {};
-}
-
 // One allreduce through `run`, checked element by element; returns the number of wrong elements
 // (each rank checks its own output).
 template <class Run>
 long check_allreduce(Run&& run, kft::dtype t, kft::op_kind op, std::size_t count, bool in_place) {
   const int me = world_rank(), p = world_size();
-  const auto f = ops_of(t);
   const std::size_t es = kft::size_of(t);
   std::vector<unsigned char> in(std::max<std::size_t>(count * es, 1)), out(in.size());
-  for (std::size_t i = 0; i < count; ++i) f.store(in.data(), i, input(me, i, op, t));
+  for (std::size_t i = 0; i < count; ++i) kft_test::put(t, in.data(), i, input(me, i, op, t));
   if (in_place) out = in;
   run(in_place ? out.data() : in.data(), out.data(), count, t, op);
-  // Integer-valued inputs make every result exact except float averages: sum / p rounds once
-  // (in the element type; f16 and bf16 have 11 and 8 bits of mantissa).
-  double tol = 0.0;
-  if (op == kft::op_kind::avg) {
-    if (t == kft::dtype::f16 || t == kft::dtype::bf16) tol = 2e-2;
-    else if (t == kft::dtype::f32) tol = 1e-6;
-    else if (t == kft::dtype::f64) tol = 1e-12;
-  }
   long wrong = 0;
   for (std::size_t i = 0; i < count; ++i) {
-    const double want = expected(p, i, op, t), got = f.load(out.data(), i);
-    if (std::fabs(got - want) > tol) {
+    const double want = expected(p, i, op, t), got = kft_test::get(t, out.data(), i);
+    if (!kft_test::close_enough(got, want, t, op)) {
       if (wrong++ < 3)
         BOOST_TEST_MESSAGE("rank " << me << " " << kft::name(t) << " " << kft::name(op) << " x " << count
                                    << (in_place ? " in place" : "") << ": element " << i << " is " << got
@@ -94,7 +57,7 @@ long check_allreduce(Run&& run, kft::dtype t, kft::op_kind op, std::size_t count
   }
   if (!in_place)  // out of place: the input is left as it was
     for (std::size_t i = 0; i < count; ++i)
-      if (f.load(in.data(), i) != input(me, i, op, t)) ++wrong;
+      if (kft_test::get(t, in.data(), i) != input(me, i, op, t)) ++wrong;
   return wrong;
 }
 
@@ -204,12 +167,13 @@ BOOST_AUTO_TEST_CASE(layouts_flat_and_hierarchical_match_the_reference) {
   const int p = world_size();
   for (const auto& sizes : layouts_for(p)) {
     for (std::size_t small : {std::size_t{64} << 10, std::size_t{256}}) {
-      kft::mpi::world_config cfg;
+      kft::group::mpi_group_config cfg;
       cfg.host = host_for(sizes);
-      cfg.warn = false;
-      cfg.hierarchical.chunk_bytes = 64u << 10;  // many pipeline chunks even at 1 MiB
-      cfg.hierarchical.small_bytes = small;      // 256: the pipelined path from 4099 elements
-      kft::mpi::world w(MPI_COMM_WORLD, cfg);
+      cfg.group.warn = false;
+      cfg.group.hierarchical.chunk_bytes = 64u << 10;  // many pipeline chunks even at 1 MiB
+      cfg.group.hierarchical.small_bytes = small;      // 256: the pipelined path from 4099 elements
+      auto g = kft::group::mpi_group(MPI_COMM_WORLD, kft::environment::process(), cfg);
+      auto& w = *g;
       const auto& lay = w.layout();
       BOOST_TEST(lay.nodes() == static_cast<int>(sizes.size()));
       BOOST_TEST(lay.local_size() == sizes[static_cast<std::size_t>(lay.node())]);
@@ -249,7 +213,8 @@ BOOST_AUTO_TEST_CASE(host_id_from_the_environment) {
     BOOST_TEST_MESSAGE("KFT_TEST_EXPECT_LAYOUT not set: runs only in the KFT_HOST_ID tests");
     return;
   }
-  kft::mpi::world w;
+  auto g = kft::group::mpi_group();
+  auto& w = *g;
   BOOST_TEST(w.layout().describe() == want);
   BOOST_TEST(w.fallback_reason().empty() == w.layout().uniform());
   long wrong = 0;

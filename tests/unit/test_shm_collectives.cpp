@@ -273,7 +273,7 @@ BOOST_AUTO_TEST_CASE(typed_api_zero_copy_and_async) {
       }
       // Async: several in flight, completed in order.
       std::vector<std::vector<double>> bufs(4, std::vector<double>(5000, 1.0));
-      std::vector<kft::work> pending;
+      std::vector<kft::async::work> pending;
       for (auto& buf : bufs) pending.push_back(comm.allreduce_async(std::span<const double>(buf), std::span<double>(buf), kft::ops::sum));
       comm.barrier();  // a sync call after async ones waits for them first
       for (auto& w : pending) {  // (no BOOST_ macros in rank threads: Boost.Test is not thread-safe)

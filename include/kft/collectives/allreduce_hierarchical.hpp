@@ -30,8 +30,8 @@
 #include <span>
 #include <vector>
 
-#include <kft/collectives/options.hpp>
-#include <kft/collectives/reduce_kernels.hpp>
+#include <kft/core/options.hpp>
+#include <kft/kernels/reduce.hpp>
 #include <kft/core/dtype.hpp>
 #include <kft/core/error.hpp>
 #include <kft/core/ops.hpp>

@@ -6,6 +6,7 @@
 /// and, for backend failures, the backend's own return code. Messages read like
 ///
 ///     kft: rank 3/8 allreduce #41: timed out after 30 s waiting for rank 5
+///     kft: rank 5/8 (rail 1, rank 1/2) mpi allreduce #41: ...   (a communicator inside the job)
 ///     kft: discover (torchrun): RANK="abc" is not an integer ...
 ///
 /// so a log line alone says which layer to look at (see docs/errors.md).
@@ -22,17 +23,40 @@
 
 KFT_NAMESPACE_BEGIN
 
+/// @brief Where a communicator sits in the job, for its messages: the global rank and size of
+/// this process and a label of the group ("rail 1", "node 0"). Transports take it in their
+/// config; the process groups that build them fill it in. Defaults: the communicator is the job.
+struct group_identity {
+  int world_rank = -1;  ///< this process's rank in the job, -1 = the communicator's own rank
+  int world_size = -1;  ///< ranks in the job, -1 = the communicator's own size
+  std::string label;    ///< what the group is, e.g. "rail 1"; empty for the whole job
+};
+
 /// @brief Where an error happened. Unknown fields stay at their defaults.
 struct error_site {
   int rank = -1;        ///< global rank, -1 when not yet known (e.g. during discovery)
   int world_size = -1;  ///< world size, -1 when not yet known
   std::string operation;                ///< "discover", "allreduce", ...
   std::optional<std::uint64_t> sequence;  ///< the operation's sequence number
+  std::string group;  ///< e.g. "rail 1, rank 1/2" when the communicator is part of the job
 
   /// @brief A site that only knows its operation (e.g. "discover" before ranks are known).
   static error_site of(std::string op) {
     error_site s;
     s.operation = std::move(op);
+    return s;
+  }
+  /// @brief The site of a call on a communicator: `rank`/`size` in the communicator, placed in
+  /// the job by `id`. Every transport builds its sites here. `seq` 0 = no call yet.
+  static error_site in(const group_identity& id, int rank, int size, std::string op, std::uint64_t seq = 0) {
+    error_site s;
+    const bool part = id.world_size > 0 && !(id.world_size == size && id.world_rank == rank && id.label.empty());
+    s.rank = part ? id.world_rank : rank;
+    s.world_size = part ? id.world_size : size;
+    if (part) s.group = (id.label.empty() ? std::string("group") : id.label) + ", rank " + std::to_string(rank) + "/" +
+                        std::to_string(size);
+    s.operation = std::move(op);
+    if (seq) s.sequence = seq;
     return s;
   }
 };
@@ -50,6 +74,8 @@ class error : public std::runtime_error {
   const std::string& detail() const noexcept { return detail_; }
   int rank() const noexcept { return site_.rank; }
   int world_size() const noexcept { return site_.world_size; }
+  /// @brief The group within the job ("rail 1, rank 1/2"), empty when the job itself.
+  const std::string& group() const noexcept { return site_.group; }
   const std::string& operation() const noexcept { return site_.operation; }
   std::optional<std::uint64_t> sequence() const noexcept { return site_.sequence; }
   /// @brief The backend's own error code (MPI, NCCL, CUDA, errno), 0 when none.
@@ -62,6 +88,7 @@ class error : public std::runtime_error {
       m += "rank " + std::to_string(s.rank);
       if (s.world_size > 0) m += "/" + std::to_string(s.world_size);
       m += ' ';
+      if (!s.group.empty()) m += "(" + s.group + ") ";
     }
     if (!s.operation.empty()) m += s.operation;
     if (s.sequence) m += " #" + std::to_string(*s.sequence);

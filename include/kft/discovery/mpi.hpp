@@ -20,21 +20,14 @@
 #include <string>
 #include <system_error>
 
+#include <kft/core/mpi_error.hpp>
 #include <kft/discovery/discover.hpp>
 
 KFT_NAMESPACE_BEGIN
 namespace discovery {
 
 namespace detail {
-// The one place where MPI return codes become kft exceptions (for discovery).
-inline void mpi_check(int rc, const char* call) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING] = {};
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  throw transport_error(std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(len)),
-                        error_site::of("discover"), rc);
-}
+inline void mpi_check(int rc, const char* call) { kft::mpi_check(rc, call, error_site::of("discover")); }
 }  // namespace detail
 
 /// @brief The MPI library's own name, e.g. "Open MPI v4.1.4" or "MPICH Version: 4.0.2".

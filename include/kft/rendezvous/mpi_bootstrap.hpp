@@ -18,6 +18,7 @@
 #include <climits>
 #include <sstream>
 
+#include <kft/core/mpi_error.hpp>
 #include <kft/core/token.hpp>
 #include <kft/rendezvous/connect.hpp>
 
@@ -27,9 +28,7 @@ namespace rendezvous {
 /// @brief Collective over `comm`: returns every rank's connection to one store (hosted by rank 0).
 /// @throws transport_error when an MPI call fails (the same on every rank)
 inline store_handle mpi_bootstrap(MPI_Comm comm, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-  auto check = [](int rc, const char* call) {
-    if (rc != MPI_SUCCESS) throw transport_error(std::string(call) + " failed", error_site::of("store bootstrap"), rc);
-  };
+  auto check = [](int rc, const char* call) { mpi_check(rc, call, error_site::of("store bootstrap")); };
   int rank = 0, size = 1, local_size = 1;
   check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   check(MPI_Comm_size(comm, &size), "MPI_Comm_size");

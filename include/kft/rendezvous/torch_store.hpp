@@ -168,7 +168,13 @@ class torch_tcp_store final : public store {
   }
 
  private:
-  static std::string wire_key(std::string_view key) { return "/" + std::string(key); }
+  static std::string wire_key(std::string_view key) {
+    std::string k;  // (built by append: GCC 12's -Wrestrict misfires on "/" + std::string at -O3)
+    k.reserve(key.size() + 1);
+    k.push_back('/');
+    k.append(key);
+    return k;
+  }
   detail::clock::time_point deadline_io() const { return detail::clock::now() + opt_.io_timeout; }
 
   void connect_locked() { fd_ = detail::connect_with_retry(opt_.host, opt_.port, opt_.connect_timeout); }

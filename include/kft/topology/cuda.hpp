@@ -14,18 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include <kft/core/cuda_error.hpp>
 #include <kft/core/error.hpp>
 
 KFT_NAMESPACE_BEGIN
-
-namespace detail {
-/// The one place where CUDA runtime return codes become kft exceptions.
-inline void cuda_check(cudaError_t rc, const char* call, error_site site = {}) {
-  if (rc == cudaSuccess) return;
-  throw transport_error(std::string(call) + " failed: " + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")",
-                        std::move(site), static_cast<int>(rc));
-}
-}  // namespace detail
 
 namespace topology {
 

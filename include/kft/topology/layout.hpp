@@ -142,7 +142,7 @@ inline layout exchange(rendezvous::store& store, int rank, int size, std::string
     throw timeout_error((count == 1 ? "rank " : "ranks ") + missing + " of " + std::to_string(size) +
                             " did not publish a host identity within " + kft::detail::describe_duration(timeout) +
                             " (on " + store.describe() + ")",
-                        error_site{rank, size, "topology exchange", static_cast<std::uint64_t>(round)});
+                        error_site::in({}, rank, size, "topology exchange", static_cast<std::uint64_t>(round)));
   }
   std::vector<std::string> hosts;
   hosts.reserve(static_cast<std::size_t>(size));

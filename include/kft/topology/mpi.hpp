@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <kft/core/mpi_error.hpp>
 #include <kft/topology/layout.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -22,9 +23,7 @@ namespace topology {
 /// given; at most 255 bytes).
 /// @throws transport_error when MPI fails
 inline layout exchange(MPI_Comm comm, const std::string& host = host_id()) {
-  auto check = [](int rc, const char* call) {
-    if (rc != MPI_SUCCESS) throw transport_error(std::string(call) + " failed", error_site::of("topology"), rc);
-  };
+  auto check = [](int rc, const char* call) { mpi_check(rc, call, error_site::of("topology")); };
   int rank = 0, size = 1;
   check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   check(MPI_Comm_size(comm, &size), "MPI_Comm_size");

@@ -1,4 +1,4 @@
-/// @file kft/collectives/reduce_kernels.hpp
+/// @file kft/kernels/reduce.hpp
 /// @brief The reduction inner loop, type-erased at the transport boundary.
 ///
 /// `reduce(dst, srcs, n, count, dtype, op, divisor)` computes, for every element i,

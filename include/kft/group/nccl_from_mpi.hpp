@@ -1,4 +1,4 @@
-/// @file kft/transport/nccl/mpi_bootstrap.hpp
+/// @file kft/group/nccl_from_mpi.hpp
 /// @brief A NCCL communicator over the ranks of an MPI communicator (components `kft::nccl` and
 /// `kft::mpi`): MPI carries NCCL's unique id, so no rendezvous store is needed.
 ///
@@ -11,10 +11,10 @@
 
 #include <kft/config.hpp>
 #if !KFT_WITH_NCCL
-#error "kft/transport/nccl/mpi_bootstrap.hpp needs the NCCL component: configure kft with KFT_WITH_NCCL=ON and link kft::nccl"
+#error "kft/group/nccl_from_mpi.hpp needs the NCCL component: configure kft with KFT_WITH_NCCL=ON and link kft::nccl"
 #endif
 #if !KFT_WITH_MPI
-#error "kft/transport/nccl/mpi_bootstrap.hpp needs the MPI component: configure kft with KFT_WITH_MPI=ON and link kft::mpi"
+#error "kft/group/nccl_from_mpi.hpp needs the MPI component: configure kft with KFT_WITH_MPI=ON and link kft::mpi"
 #endif
 
 #include <mpi.h>

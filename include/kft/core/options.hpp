@@ -1,4 +1,4 @@
-/// @file kft/collectives/options.hpp
+/// @file kft/core/options.hpp
 /// @brief Per-call options of collectives: `comm.allreduce(in, out, kft::ops::sum, {.algorithm =
 /// kft::algo::two_shot, .timeout = 30s})`.
 #pragma once

@@ -1,0 +1,196 @@
+/// @file kft/group/cpu_group.hpp
+/// @brief The CPU job across nodes: shared memory inside each node, any communicator between
+/// them, and the choice between flat and hierarchical allreduce.
+///
+///     auto g = kft::group::mpi_group();                 // group/mpi_group.hpp: MPI between nodes
+///     g->allreduce(std::span<float>(grad), kft::ops::avg);
+///     g->layout().describe();                           // "2 nodes x 4 ranks"
+///
+/// `cpu_group<Inter>` is generic over the inter-node communicator (`Inter` satisfies
+/// `kft::communicator`): it holds the node's shm communicator (`intra`), one `Inter` over every
+/// rank (`flat`) and one per rail (`rail`: the ranks with the same local index, one per node),
+/// which its builder made (`mpi_group` for MPI). The choice (`choose`, forced per call by
+/// `options::algorithm` or for the group by `cpu_group_config::strategy`):
+///  - one node: the shm communicator alone;
+///  - several nodes with the same number of ranks each: hierarchical (intra reduce-scatter ->
+///    inter allreduce per rail -> intra allgather, pipelined; `hierarchical_allreduce`);
+///  - uneven nodes (e.g. 2 + 1): flat, with a one-line warning from rank 0 at construction
+///    (a forced `hierarchical` falls back the same way: never a wrong result).
+/// Flat is `Inter`'s allreduce with `cpu_group_config::flat_large` (kft's ring for MPI) from
+/// `hierarchical.small_bytes` up, its `automatic` below. Broadcast, reduce-scatter, allgather
+/// and barrier run flat. Asynchronous calls run in order on the group's engine.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <kft/async/engine.hpp>
+#include <kft/collectives/allreduce_hierarchical.hpp>
+#include <kft/rendezvous/connect.hpp>
+#include <kft/topology/layout.hpp>
+#include <kft/transport/concepts.hpp>
+#include <kft/transport/shm/communicator.hpp>
+#include <kft/transport/typed_collectives.hpp>
+
+KFT_NAMESPACE_BEGIN
+namespace group {
+
+/// @brief How a `cpu_group` runs.
+struct cpu_group_config {
+  hierarchical_config hierarchical{};  ///< pipeline chunk and small-message threshold
+  algo strategy = algo::automatic;     ///< automatic, flat or hierarchical (`KFT_ALGO` in the factories)
+  algo flat_large = algo::automatic;   ///< the flat allreduce's algorithm for large messages
+  bool warn = true;                    ///< rank 0 prints the one-line fallback warning
+};
+
+/// @brief What a `cpu_group` is made of (its builder makes them; the group owns them).
+template <class Inter>
+struct cpu_group_parts {
+  topology::layout layout;
+  rendezvous::store_handle node_store;  ///< the store the node's segment met through; outlives `intra`
+  std::unique_ptr<shm::communicator> intra;
+  Inter flat;  ///< every rank of the job
+  Inter rail;  ///< this rank's rail: the ranks with its local index
+};
+
+template <communicator Inter>
+class cpu_group : public typed_collectives<cpu_group<Inter>> {
+  using typed = typed_collectives<cpu_group<Inter>>;
+
+ public:
+  KFT_TYPED_COLLECTIVES(typed);
+
+  cpu_group(cpu_group_parts<Inter> parts, cpu_group_config cfg = {})
+      : cfg_(cfg), p_(std::move(parts)), engine_("cpu group rank " + std::to_string(p_.flat.rank())) {
+    if (p_.layout.nodes() > 1 && !p_.layout.uniform()) {
+      fallback_ = p_.layout.describe() + ": nodes hold different numbers of ranks, so allreduce runs flat (hierarchical "
+                                         "needs the same count on every node)";
+      if (cfg_.warn && p_.flat.rank() == 0) std::fprintf(stderr, "kft: %s\n", fallback_.c_str());
+    }
+    hier_.emplace(*p_.intra, p_.rail, cfg_.hierarchical);
+  }
+  cpu_group(cpu_group&&) = delete;  // the hierarchical algorithm holds references into this object
+  cpu_group& operator=(cpu_group&&) = delete;
+  ~cpu_group() {
+    engine_.drain();
+    hier_.reset();
+    p_.intra.reset();  // the shm segment before the store that hosts its rendezvous keys
+  }
+
+  int rank() const noexcept { return p_.flat.rank(); }
+  int size() const noexcept { return p_.flat.size(); }
+  std::uint64_t sequence() const noexcept { return issued_; }
+  const topology::layout& layout() const noexcept { return p_.layout; }
+  /// @brief Every rank of the job, for flat collectives.
+  Inter& flat() noexcept { return p_.flat; }
+  /// @brief The ranks of this node.
+  shm::communicator& intra() noexcept { return *p_.intra; }
+  /// @brief The ranks with this rank's local index, one per node.
+  Inter& rail() noexcept { return p_.rail; }
+  /// @brief Why hierarchical allreduce is off for this job (uneven nodes), or empty.
+  const std::string& fallback_reason() const noexcept { return fallback_; }
+  error_site next_site(collective c) const { return p_.flat.next_site(c); }
+
+  /// @brief What `algo::automatic` runs: `one_shot`/`two_shot` (single node: the shm choice),
+  /// `hierarchical` or `flat`.
+  algo choose(std::size_t bytes, algo requested = algo::automatic) const {
+    if (requested == algo::automatic) requested = cfg_.strategy;
+    if (requested == algo::flat) return algo::flat;
+    if (p_.layout.nodes() == 1) {
+      if (requested == algo::one_shot || requested == algo::two_shot) return requested;
+      return p_.intra->choose(collective::allreduce, bytes);
+    }
+    if (!p_.layout.uniform()) return algo::flat;  // also when hierarchical was asked: never wrong
+    return algo::hierarchical;
+  }
+
+  /// @brief out = in reduced over every rank. in == out is in place.
+  void allreduce(const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o = {}) {
+    engine_.drain();
+    ++issued_;
+    run_allreduce(in, out, count, t, op, o);
+  }
+  void broadcast(const void* in, void* out, std::size_t count, dtype t, int root, const options& o = {}) {
+    engine_.drain();
+    ++issued_;
+    p_.flat.broadcast(in, out, count, t, root, o);
+  }
+  void reduce_scatter(const void* in, void* out, std::size_t recv_count, dtype t, op_kind op, const options& o = {}) {
+    engine_.drain();
+    ++issued_;
+    p_.flat.reduce_scatter(in, out, recv_count, t, op, o);
+  }
+  void allgather(const void* in, void* out, std::size_t send_count, dtype t, const options& o = {}) {
+    engine_.drain();
+    ++issued_;
+    p_.flat.allgather(in, out, send_count, t, o);
+  }
+  void barrier(const options& o = {}) {
+    engine_.drain();
+    ++issued_;
+    p_.flat.barrier(o);
+  }
+
+  async::work allreduce_async(const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o = {}) {
+    return submit(collective::allreduce, o, [=, this] { run_allreduce(in, out, count, t, op, o); });
+  }
+  async::work broadcast_async(const void* in, void* out, std::size_t count, dtype t, int root, const options& o = {}) {
+    return submit(collective::broadcast, o, [=, this] { p_.flat.broadcast(in, out, count, t, root, o); });
+  }
+  async::work reduce_scatter_async(const void* in, void* out, std::size_t recv_count, dtype t, op_kind op,
+                                   const options& o = {}) {
+    return submit(collective::reduce_scatter, o, [=, this] { p_.flat.reduce_scatter(in, out, recv_count, t, op, o); });
+  }
+  async::work allgather_async(const void* in, void* out, std::size_t send_count, dtype t, const options& o = {}) {
+    return submit(collective::allgather, o, [=, this] { p_.flat.allgather(in, out, send_count, t, o); });
+  }
+  async::work barrier_async(const options& o = {}) {
+    return submit(collective::barrier, o, [=, this] { p_.flat.barrier(o); });
+  }
+
+  /// @brief Stops every level: the node's ranks see it at once, the other nodes through the
+  /// inter-node communicator's own abort (MPI: at their deadlines).
+  void abort(std::string_view reason) noexcept {
+    p_.intra->abort(reason);
+    p_.rail.abort(reason);
+    p_.flat.abort(reason);
+  }
+
+ private:
+  void run_allreduce(const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o) {
+    const algo a = choose(count * size_of(t), o.algorithm);
+    switch (a) {
+      case algo::flat: {  // the inter communicator's large-message algorithm, its own choice below
+        options f = o;
+        f.algorithm = count * size_of(t) >= cfg_.hierarchical.small_bytes ? cfg_.flat_large : algo::automatic;
+        return p_.flat.allreduce(in, out, count, t, op, f);
+      }
+      case algo::hierarchical: return (*hier_)(in, out, count, t, op, o);
+      default: {
+        options s = o;
+        s.algorithm = a;
+        return p_.intra->allreduce(in, out, count, t, op, s);
+      }
+    }
+  }
+  template <class F>
+  async::work submit(collective c, const options& o, F&& f) {
+    const auto seq = ++issued_;
+    const auto timeout = o.timeout.count() > 0 ? o.timeout : p_.intra->configuration().timeout;
+    return engine_.submit({c, seq, timeout, {}}, std::forward<F>(f));
+  }
+
+  cpu_group_config cfg_;
+  cpu_group_parts<Inter> p_;
+  std::optional<hierarchical_allreduce<shm::communicator, Inter>> hier_;
+  std::string fallback_;
+  async::engine engine_;
+  std::uint64_t issued_ = 0;
+};
+
+}  // namespace group
+KFT_NAMESPACE_END

@@ -1,0 +1,81 @@
+/// @file kft/group/factory.hpp
+/// @brief `make_process_group`: the right process group for this job, from what discovery
+/// found. The one place below the tools that reads kft's environment settings; every transport
+/// takes its settings as arguments.
+///
+///     auto me = kft::discover();
+///     auto store = kft::rendezvous::connect_store(me);
+///     auto pg = kft::group::make_process_group(me, store.client);
+///     std::printf("%s\n", pg.description().c_str());   // "shared memory: 1 node x 4 ranks"
+///
+/// | the job | group |
+/// | --- | --- |
+/// | every rank on one node | the node's shared-memory communicator |
+/// | several nodes, MPI initialised (mpirun, srun --mpi=pmix) | `cpu_group<mpi::communicator>` (`mpi_group`) |
+/// | several nodes, no MPI | refused: no inter-node CPU transport without MPI yet |
+///
+/// Environment read here: `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES`,
+/// `KFT_SHM_STREAMING_BYTES`, `KFT_RUN_ID`/`TORCHELASTIC_RUN_ID` (segment names), `KFT_ALGO`,
+/// `KFT_MPI_CHECK`, `KFT_HOST_ID` (through topology).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <kft/config.hpp>
+#include <kft/core/environment.hpp>
+#include <kft/discovery/world_info.hpp>
+#include <kft/group/node.hpp>
+#include <kft/group/process_group.hpp>
+#include <kft/rendezvous/store.hpp>
+#if KFT_WITH_MPI
+#include <kft/group/mpi_group.hpp>
+#endif
+
+KFT_NAMESPACE_BEGIN
+namespace group {
+
+/// @brief Settings a caller may give; the environment's are applied on top.
+struct group_options {
+  shm::config shm;                                 ///< the node's shared-memory communicator
+  cpu_group_config group{.flat_large = algo::ring};  ///< across nodes
+};
+
+/// @brief Collective over the job: the process group of this rank (see the table above).
+/// @throws config_error when the job spans nodes and no inter-node transport is available, or
+/// a setting is malformed
+inline process_group make_process_group(const world_info& w, std::shared_ptr<rendezvous::store> store,
+                                        group_options o = {}, const environment& env = environment::process()) {
+  const bool one_node = w.world_size == 1 || w.node_count == 1 || (w.local_size && *w.local_size == w.world_size);
+  if (one_node) {
+    auto comm = node_communicator(std::move(store), w, std::move(o.shm), env);
+    const std::string what = "shared memory: 1 node x " + std::to_string(comm.size()) +
+                             (comm.size() == 1 ? " rank" : " ranks");
+    return process_group(std::move(comm), what);
+  }
+#if KFT_WITH_MPI
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) {
+    mpi_group_config cfg;
+    cfg.group = o.group;
+    cfg.shm = std::move(o.shm);
+    cfg = mpi_group_config_from(env, std::move(cfg));
+    auto g = mpi_group(MPI_COMM_WORLD, env, cfg);
+    const std::string what = "shared memory per node + MPI between nodes: " + g->layout().describe();
+    return process_group(std::move(g), what);
+  }
+  const std::string why = "MPI is not initialised (call MPI_Init, and start the job with mpirun or srun --mpi=pmix)";
+#else
+  const std::string why = "kft was built without MPI (KFT_WITH_MPI=OFF)";
+#endif
+  throw config_error("", "",
+                     "the job spans " + (w.node_count ? std::to_string(*w.node_count) : std::string("several")) +
+                         " nodes and has no inter-node CPU transport: " + why +
+                         "; CPU data across nodes without MPI is not supported yet",
+                     error_site::in({}, w.rank, w.world_size, "process group"));
+}
+
+}  // namespace group
+KFT_NAMESPACE_END

@@ -1,0 +1,61 @@
+/// @file kft/group/node.hpp
+/// @brief The communicator of this process's node, built from what discovery found, with the
+/// environment's shared-memory settings applied (the transport itself reads no environment).
+///
+///     auto me = kft::discover();
+///     auto store = kft::rendezvous::connect_store(me);
+///     auto node = kft::group::node_communicator(store.client, me);   // the ranks on this host
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <kft/core/environment.hpp>
+#include <kft/core/parse.hpp>
+#include <kft/discovery/world_info.hpp>
+#include <kft/rendezvous/store.hpp>
+#include <kft/transport/shm/communicator.hpp>
+
+KFT_NAMESPACE_BEGIN
+namespace group {
+
+/// @brief `base` with `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES` and
+/// `KFT_SHM_STREAMING_BYTES` applied (like NCCL_BUFFSIZE: buffers resized without recompiling;
+/// all ranks must see the same values, which the segment header checks).
+/// @throws config_error naming a malformed or out-of-range variable
+inline shm::config shm_config(const environment& env, shm::config base = {}) {
+  constexpr std::string_view ctx = "shm communicator";
+  if (auto v = env_int(env, "KFT_SHM_STAGING_BYTES", 4096, 1 << 30, ctx)) base.staging_bytes = static_cast<std::size_t>(*v);
+  if (auto v = env_int(env, "KFT_SHM_SMALL_BYTES", 64, 1 << 26, ctx)) base.small_bytes = static_cast<std::size_t>(*v);
+  if (auto v = env_int(env, "KFT_SHM_STREAMING_BYTES", 0, 1 << 30, ctx)) base.streaming_bytes = static_cast<std::size_t>(*v);
+  return base;
+}
+
+/// @brief The communicator of this process's node: ranks on the same host (by the discovered
+/// local view), meeting under "node/<hostname>/<node>/" in the job's store. The segment is
+/// named after the job's run id (`KFT_RUN_ID` / `TORCHELASTIC_RUN_ID`) plus random bytes, and
+/// `KFT_SHM_*` apply (`shm_config`).
+/// @throws usage_error when the launcher did not say which ranks share this node
+inline shm::communicator node_communicator(std::shared_ptr<rendezvous::store> store, const world_info& w,
+                                           shm::config cfg = {}, const environment& env = environment::process()) {
+  if (!w.local_rank || !w.local_size)
+    throw usage_error("the local view is unknown (backend " + w.backend +
+                          "): cannot tell which ranks share this node; launch with kftrun, mpirun or srun",
+                      error_site::of("shm init"));
+  cfg = shm_config(env, std::move(cfg));
+  if (cfg.name == "kft") {  // name the segment after the job, as launchers know it
+    if (auto id = env.get("KFT_RUN_ID").value_or(env.get("TORCHELASTIC_RUN_ID").value_or("")); !id.empty())
+      cfg.name = "kft-" + id;
+  }
+  if (cfg.identity.world_size < 0 && w.world_size != *w.local_size) {
+    cfg.identity.world_rank = w.rank;
+    cfg.identity.world_size = w.world_size;
+    cfg.identity.label = "node " + std::to_string(w.node_rank.value_or(0));
+  }
+  auto scoped = std::make_shared<rendezvous::prefix_store>(std::move(store), "node/" + w.hostname + "/" +
+                                                                                 std::to_string(w.node_rank.value_or(0)) + "/");
+  return shm::communicator(std::move(scoped), *w.local_rank, *w.local_size, std::move(cfg));
+}
+
+}  // namespace group
+KFT_NAMESPACE_END

@@ -1,0 +1,174 @@
+/// @file kft/group/process_group.hpp
+/// @brief `kft::group::process_group`: any communicator behind one type, as the DDP layer
+/// takes it (c10d's ProcessGroup over its backends, type-erased once: one virtual call per
+/// collective, never per element).
+///
+///     kft::group::process_group pg(kft::group::node_communicator(store, me));   // owns it
+///     auto w = pg.allreduce_async(grad.data(), grad.data(), n, kft::dtype::f32, kft::op_kind::avg);
+///     w.wait();
+///
+/// It owns a communicator that satisfies `kft::async_communicator` (by value, or through a
+/// `unique_ptr` for one that cannot move, such as a `cpu_group`), forwards the five
+/// collectives sync and async, and is itself an `async_communicator` (the typed span forms
+/// come from `typed_collectives`). `get<C>()` reaches the concrete communicator when one needs
+/// it (zero-copy buffers of the shm communicator, say).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <kft/async/work.hpp>
+#include <kft/transport/concepts.hpp>
+#include <kft/transport/typed_collectives.hpp>
+
+KFT_NAMESPACE_BEGIN
+namespace group {
+
+class process_group : public typed_collectives<process_group> {
+  using typed = typed_collectives<process_group>;
+
+ public:
+  KFT_TYPED_COLLECTIVES(typed);
+
+  /// @brief Owns `comm` (moved in). `description` says what it is, for messages and logs.
+  template <async_communicator C>
+    requires(!std::same_as<std::remove_cvref_t<C>, process_group>)
+  explicit process_group(C comm, std::string description = {})
+      : impl_(std::make_unique<model<C>>(std::make_unique<C>(std::move(comm)))), what_(std::move(description)) {}
+  /// @brief Owns `comm` through its pointer (for communicators that cannot move).
+  template <async_communicator C>
+  explicit process_group(std::unique_ptr<C> comm, std::string description = {})
+      : impl_(std::make_unique<model<C>>(std::move(comm))), what_(std::move(description)) {
+    if (!static_cast<model<C>&>(*impl_).c) throw usage_error("process_group needs a communicator", error_site::of("group"));
+  }
+  process_group(process_group&&) noexcept = default;
+  process_group& operator=(process_group&&) noexcept = default;
+
+  int rank() const noexcept { return impl_->rank(); }
+  int size() const noexcept { return impl_->size(); }
+  std::uint64_t sequence() const noexcept { return impl_->sequence(); }
+  error_site next_site(collective c) const { return impl_->next_site(c); }
+  /// @brief What the group is, e.g. "shared memory: 1 node x 4 ranks".
+  const std::string& description() const noexcept { return what_; }
+
+  /// @brief The owned communicator as a `C`, or nullptr when it is another type.
+  template <class C>
+  C* get() noexcept {
+    auto* m = dynamic_cast<model<C>*>(impl_.get());
+    return m ? m->c.get() : nullptr;
+  }
+
+  void allreduce(const void* in, void* out, std::size_t n, dtype t, op_kind op, const options& o = {}) {
+    impl_->allreduce(in, out, n, t, op, o);
+  }
+  void broadcast(const void* in, void* out, std::size_t n, dtype t, int root, const options& o = {}) {
+    impl_->broadcast(in, out, n, t, root, o);
+  }
+  void reduce_scatter(const void* in, void* out, std::size_t n, dtype t, op_kind op, const options& o = {}) {
+    impl_->reduce_scatter(in, out, n, t, op, o);
+  }
+  void allgather(const void* in, void* out, std::size_t n, dtype t, const options& o = {}) {
+    impl_->allgather(in, out, n, t, o);
+  }
+  void barrier(const options& o = {}) { impl_->barrier(o); }
+
+  async::work allreduce_async(const void* in, void* out, std::size_t n, dtype t, op_kind op, const options& o = {}) {
+    return impl_->allreduce_async(in, out, n, t, op, o);
+  }
+  async::work broadcast_async(const void* in, void* out, std::size_t n, dtype t, int root, const options& o = {}) {
+    return impl_->broadcast_async(in, out, n, t, root, o);
+  }
+  async::work reduce_scatter_async(const void* in, void* out, std::size_t n, dtype t, op_kind op, const options& o = {}) {
+    return impl_->reduce_scatter_async(in, out, n, t, op, o);
+  }
+  async::work allgather_async(const void* in, void* out, std::size_t n, dtype t, const options& o = {}) {
+    return impl_->allgather_async(in, out, n, t, o);
+  }
+  async::work barrier_async(const options& o = {}) { return impl_->barrier_async(o); }
+
+  void abort(std::string_view reason) noexcept {
+    if (impl_) impl_->abort(reason);
+  }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual int rank() const noexcept = 0;
+    virtual int size() const noexcept = 0;
+    virtual std::uint64_t sequence() const noexcept = 0;
+    virtual error_site next_site(collective c) const = 0;
+    virtual void allreduce(const void*, void*, std::size_t, dtype, op_kind, const options&) = 0;
+    virtual void broadcast(const void*, void*, std::size_t, dtype, int, const options&) = 0;
+    virtual void reduce_scatter(const void*, void*, std::size_t, dtype, op_kind, const options&) = 0;
+    virtual void allgather(const void*, void*, std::size_t, dtype, const options&) = 0;
+    virtual void barrier(const options&) = 0;
+    virtual async::work allreduce_async(const void*, void*, std::size_t, dtype, op_kind, const options&) = 0;
+    virtual async::work broadcast_async(const void*, void*, std::size_t, dtype, int, const options&) = 0;
+    virtual async::work reduce_scatter_async(const void*, void*, std::size_t, dtype, op_kind, const options&) = 0;
+    virtual async::work allgather_async(const void*, void*, std::size_t, dtype, const options&) = 0;
+    virtual async::work barrier_async(const options&) = 0;
+    virtual void abort(std::string_view) noexcept = 0;
+  };
+
+  // A backend's own work handle becomes async::work (it already is one for kft's transports).
+  template <class W>
+  static async::work as_work(W&& w) {
+    if constexpr (std::same_as<std::remove_cvref_t<W>, async::work>) {
+      return std::forward<W>(w);
+    } else {
+      auto st = std::make_shared<async::work_state>();
+      st->op = w.op();
+      st->seq = w.sequence();
+      st->progress = [h = std::make_shared<std::remove_cvref_t<W>>(std::forward<W>(w))] { return h->test(); };
+      return async::work(std::move(st));
+    }
+  }
+
+  template <class C>
+  struct model final : base {
+    std::unique_ptr<C> c;
+    explicit model(std::unique_ptr<C> comm) : c(std::move(comm)) {}
+    int rank() const noexcept override { return c->rank(); }
+    int size() const noexcept override { return c->size(); }
+    std::uint64_t sequence() const noexcept override { return c->sequence(); }
+    error_site next_site(collective k) const override {
+      if constexpr (requires { c->next_site(k); }) return c->next_site(k);
+      else return error_site::of(std::string(name(k)));
+    }
+    void allreduce(const void* i, void* o, std::size_t n, dtype t, op_kind op, const options& x) override {
+      c->allreduce(i, o, n, t, op, x);
+    }
+    void broadcast(const void* i, void* o, std::size_t n, dtype t, int r, const options& x) override {
+      c->broadcast(i, o, n, t, r, x);
+    }
+    void reduce_scatter(const void* i, void* o, std::size_t n, dtype t, op_kind op, const options& x) override {
+      c->reduce_scatter(i, o, n, t, op, x);
+    }
+    void allgather(const void* i, void* o, std::size_t n, dtype t, const options& x) override { c->allgather(i, o, n, t, x); }
+    void barrier(const options& x) override { c->barrier(x); }
+    async::work allreduce_async(const void* i, void* o, std::size_t n, dtype t, op_kind op, const options& x) override {
+      return as_work(c->allreduce_async(i, o, n, t, op, x));
+    }
+    async::work broadcast_async(const void* i, void* o, std::size_t n, dtype t, int r, const options& x) override {
+      return as_work(c->broadcast_async(i, o, n, t, r, x));
+    }
+    async::work reduce_scatter_async(const void* i, void* o, std::size_t n, dtype t, op_kind op, const options& x) override {
+      return as_work(c->reduce_scatter_async(i, o, n, t, op, x));
+    }
+    async::work allgather_async(const void* i, void* o, std::size_t n, dtype t, const options& x) override {
+      return as_work(c->allgather_async(i, o, n, t, x));
+    }
+    async::work barrier_async(const options& x) override { return as_work(c->barrier_async(x)); }
+    void abort(std::string_view why) noexcept override { c->abort(why); }
+  };
+
+  std::unique_ptr<base> impl_;
+  std::string what_;
+};
+
+static_assert(async_communicator<process_group>);
+
+}  // namespace group
+KFT_NAMESPACE_END

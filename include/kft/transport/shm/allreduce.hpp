@@ -1,0 +1,99 @@
+/// @file kft/transport/shm/allreduce.hpp
+/// @brief The shared-memory allreduce: one-shot (mailbox, one synchronisation) for small
+/// messages; chunked one-shot and two-shot (reduce-scatter + allgather per staging chunk,
+/// double-buffered so ranks pipeline without barriers) for large ones; zero-copy inputs and
+/// outputs in the pool skip the copies (docs/algorithms.md has the step and byte costs).
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+
+#include <kft/kernels/reduce.hpp>
+#include <kft/transport/shm/state.hpp>
+
+KFT_NAMESPACE_BEGIN
+namespace shm::detail {
+
+inline void allreduce(state& s, const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o) {
+  const std::size_t es = size_of(t), bytes = count * es;
+  const auto in_off = s.pool_offset(in, bytes), out_off = s.pool_offset(out, bytes);
+  const algo a = s.resolve(collective::allreduce, bytes, o, in_off != detail::no_offset);
+  auto k = s.begin(collective::allreduce, t, op, count, -1, a, o, in_off, out_off);
+  if (a == algo::one_shot && bytes <= s.cfg.small_bytes) {
+    if (bytes) std::memcpy(s.small(s.me, k.sig.seq), in, bytes);
+    s.arrive_and_check(k);
+    for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = s.small(r, k.sig.seq);
+    kernels::reduce(out, s.srcs.data(), s.p, count, t, op, s.p);
+    return;
+  }
+  s.arrive_and_check(k);
+  if (count == 0) return;
+  const bool zc_in = in_off != detail::no_offset, zc_out = out_off != detail::no_offset;
+  // Outputs bigger than the caches are written with streaming stores (no read-for-ownership).
+  const bool stream = !zc_out && bytes >= s.cfg.streaming_bytes;
+  // Chunk: a multiple of p elements that fits the staging buffer.
+  std::size_t chunk_elems = s.cfg.staging_bytes / es;
+  if (chunk_elems >= static_cast<std::size_t>(s.p)) chunk_elems -= chunk_elems % static_cast<std::size_t>(s.p);
+  const auto* src_user = static_cast<const unsigned char*>(in);
+  auto* dst_user = static_cast<unsigned char*>(out);
+  for (std::size_t off = 0; off < count; off += chunk_elems) {
+    const std::size_t n = std::min(chunk_elems, count - off);
+    const std::uint64_t g = s.chunk++;
+    const auto [sb, sn] = s.slice(n, s.me);
+    s.claim_chunk(k, g);
+    // 1. Copy in what the others will read: every slice but my own (I read mine in place).
+    if (!zc_in) {
+      if (a == algo::one_shot) {
+        std::memcpy(s.staging(s.me, g), src_user + off * es, n * es);
+      } else {
+        std::memcpy(s.staging(s.me, g), src_user + off * es, sb * es);
+        std::memcpy(s.staging(s.me, g) + (sb + sn) * es, src_user + (off + sb + sn) * es, (n - sb - sn) * es);
+      }
+    }
+    s.set_stage(3 * g + 1);
+    s.wait_stage(k, 3 * g + 1, "copy-in");
+    auto src_of = [&](int r) -> const unsigned char* {
+      return zc_in ? s.pool(r) + in_off + off * es : s.staging(r, g);
+    };
+    if (a == algo::one_shot) {  // chunked one-shot: everyone reduces everything
+      for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = src_of(r);
+      if (zc_out) {
+        // The output is in the shared pool, where peers may still be reading their inputs:
+        // reduce aside, and write it only once everyone is done reading this chunk.
+        // Scratch: my other staging buffer, which every peer finished with (chunk g-1)
+        // before it flagged chunk g.
+        unsigned char* scratch = s.staging(s.me, g + 1);
+        kernels::reduce(scratch, s.srcs.data(), s.p, n, t, op, s.p);
+        s.set_stage(3 * g + 2);
+        s.wait_stage(k, 3 * g + 2, "one-shot reduce");
+        std::memcpy(dst_user + off * es, scratch, n * es);
+      } else {
+        kernels::reduce(dst_user + off * es, s.srcs.data(), s.p, n, t, op, s.p);
+      }
+      s.set_stage(3 * g + 3);
+      continue;
+    }
+    // 2. Reduce-scatter: my slice of the chunk from every rank, into shared memory where the
+    //    others fetch it (my pool output, else my staging slice), and into my output.
+    for (int r = 0; r < s.p; ++r)
+      s.srcs[static_cast<std::size_t>(r)] =
+          (r == s.me && !zc_in ? src_user + off * es : src_of(r)) + sb * es;
+    unsigned char* shared_slice = zc_out ? s.pool(s.me) + out_off + (off + sb) * es : s.staging(s.me, g) + sb * es;
+    kernels::reduce(shared_slice, s.srcs.data(), s.p, sn, t, op, s.p);
+    if (!zc_out) kernels::copy(dst_user + (off + sb) * es, shared_slice, sn * es, stream);
+    s.set_stage(3 * g + 2);
+    s.wait_stage(k, 3 * g + 2, "reduce-scatter");
+    // 3. Allgather: the others' reduced slices into my output.
+    for (int r = 0; r < s.p; ++r) {
+      if (r == s.me) continue;
+      const auto [b0, bn] = s.slice(n, r);
+      const unsigned char* from = zc_out ? s.pool(r) + out_off + (off + b0) * es : s.staging(r, g) + b0 * es;
+      kernels::copy(dst_user + (off + b0) * es, from, bn * es, stream);
+    }
+    if (stream) kernels::stream_fence();
+    s.set_stage(3 * g + 3);
+  }
+}
+
+}  // namespace shm::detail
+KFT_NAMESPACE_END

@@ -1,0 +1,76 @@
+/// @file kft/transport/shm/layout.hpp
+/// @brief The shared segment's wire format: what every rank of a node reads and writes.
+///
+/// One segment per communicator: a header (configuration, abort flag and reason), one
+/// `rank_ctrl` line per rank (pipeline stage, pid, readiness), then one region per rank:
+/// two one-shot mailboxes (one per call parity), two staging buffers (the double buffer of the
+/// chunked algorithms) and the zero-copy pool. Offsets are computed in `state::init`.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include <kft/core/namespace.hpp>
+
+KFT_NAMESPACE_BEGIN
+namespace shm {
+
+namespace detail {
+
+inline constexpr std::uint64_t segment_magic = 0x316d68732d74666bULL;  // "kft-shm1"
+inline constexpr std::uint64_t no_offset = ~0ULL;
+
+/// What a rank is doing in one call; compared across ranks.
+struct signature {
+  std::uint64_t seq = 0;
+  std::uint64_t count = 0;
+  std::uint64_t in_off = no_offset;   // offset in the pool of a zero-copy input
+  std::uint64_t out_off = no_offset;  // ... and output
+  std::int32_t root = -1;
+  std::uint32_t tag = 0;
+  std::uint8_t coll = 0, type = 0, op = 0, algorithm = 0;
+  std::uint32_t pad = 0;
+
+  bool operator==(const signature&) const = default;
+};
+
+static_assert(sizeof(signature) == 48);
+
+/// The head of a rank's one-shot slot (one per call parity): the arrival flag, the call's
+/// signature and the first bytes of data share one cache line, so a tiny collective costs the
+/// reader one line per peer.
+struct alignas(64) mailbox {
+  std::atomic<std::uint64_t> seq;  // the call this mailbox holds; written last (release)
+  signature sig;
+  // data follows (mailbox_data_offset)
+};
+inline constexpr std::size_t mailbox_data_offset = 8 + sizeof(signature);
+
+struct alignas(64) rank_ctrl {
+  std::atomic<std::uint64_t> stage;  // chunk progress: chunk g is 3g+1 copied in, 3g+2 reduced, 3g+3 done
+  char pad1[56];
+  std::atomic<std::int32_t> pid;
+  std::atomic<std::uint32_t> ready;
+  std::atomic<std::uint64_t> pid_ns;  // inode of the rank's pid namespace
+};
+
+struct alignas(64) header {
+  std::uint64_t magic;
+  std::uint32_t nranks;
+  std::uint32_t version;
+  std::uint64_t small_bytes, staging_bytes, pool_bytes;
+  std::atomic<std::uint32_t> mapped;  // segment.hpp's counter: the last mapper unlinks
+  std::atomic<std::uint32_t> ready;
+  std::atomic<std::uint32_t> abort_claim;  // taken by the first rank to abort
+  std::atomic<std::uint32_t> aborted;      // published after the reason and rank are written
+  std::atomic<std::int32_t> abort_rank;
+  char abort_reason[512];
+};
+
+constexpr std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace detail
+
+}  // namespace shm
+KFT_NAMESPACE_END

@@ -1,0 +1,396 @@
+/// @file kft/transport/shm/state.hpp
+/// @brief One shared-memory communicator's state and its synchronisation protocol: set-up of
+/// the segment, the call protocol (number, publish the signature, arrive, compare), waits with
+/// deadlines that also watch the abort flag and the peers' processes, and abort.
+///
+/// Every wait spins briefly, then yields, then sleeps (more ranks than cores must not
+/// livelock), has a deadline that starts once a wait turns slow (reading the clock costs as
+/// much as a fast call's synchronisation), checks the group's abort flag and whether the
+/// ranks it waits for are still alive (pid + zombie check, in the same pid namespace). The
+/// first synchronisation of every call compares every rank's signature (collective, dtype,
+/// count, op, root, algorithm, tag, sequence number): different calls are a `mismatch_error`
+/// naming both sides, not a hang or garbage.
+#pragma once
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <kft/core/backoff.hpp>
+#include <kft/core/collective.hpp>
+#include <kft/core/dtype.hpp>
+#include <kft/core/error.hpp>
+#include <kft/core/ops.hpp>
+#include <kft/core/options.hpp>
+#include <kft/rendezvous/store.hpp>
+#include <kft/transport/checks.hpp>
+#include <kft/transport/shm/config.hpp>
+#include <kft/transport/shm/layout.hpp>
+#include <kft/transport/shm/segment.hpp>
+#include <kft/transport/shm/tuning.hpp>
+
+KFT_NAMESPACE_BEGIN
+namespace shm::detail {
+
+struct state {
+  config cfg;
+  int me = 0, p = 1;
+  segment seg;
+  detail::header* hdr = nullptr;
+  detail::rank_ctrl* ctrl = nullptr;
+  unsigned char* regions = nullptr;
+  std::size_t region_bytes = 0, small_off = 0, slot_bytes = 0, staging_off = 0, pool_off = 0;
+  std::vector<const void*> srcs;      // reduction sources, sized once: no allocation per call
+  std::vector<std::uint64_t> peer_off;  // allgather: each rank's zero-copy input offset
+  bool oversubscribed = false;    // more local ranks than online CPUs
+  std::uint64_t seq = 0;    // calls made
+  std::uint64_t chunk = 0;  // staging chunks used (alternating buffers)
+  std::size_t pool_used = 0;
+  kft::detail::failure_latch stop;  // the first failure; later calls are refused with it
+  std::mutex alloc_mu;
+
+  // -- set-up ---------------------------------------------------------------------------------
+
+  void init(rendezvous::store& store, int rank, int size, config c) {
+    cfg = std::move(c);
+    me = rank;
+    p = size;
+    cfg.small_bytes = detail::round_up(std::max<std::size_t>(cfg.small_bytes, 64), 64);
+    cfg.staging_bytes = detail::round_up(std::max<std::size_t>(cfg.staging_bytes, 4096), 4096);
+    cfg.pool_bytes = detail::round_up(cfg.pool_bytes, 4096);
+    const std::size_t page = 4096;
+    const std::size_t ctrl_off = detail::round_up(sizeof(detail::header), 64);
+    const std::size_t regions_off = detail::round_up(ctrl_off + sizeof(detail::rank_ctrl) * static_cast<std::size_t>(p), page);
+    small_off = 0;
+    slot_bytes = detail::round_up(detail::mailbox_data_offset + cfg.small_bytes, 64);
+    staging_off = detail::round_up(2 * slot_bytes, page);
+    pool_off = staging_off + 2 * cfg.staging_bytes;
+    region_bytes = detail::round_up(pool_off + cfg.pool_bytes, page);
+    const std::size_t total = regions_off + region_bytes * static_cast<std::size_t>(p);
+
+    // One segment per communicator instance: ranks that build several get matching keys.
+    const std::string scope = "shm/" + cfg.name + "/";
+    const auto instance = store.add(scope + "instances/" + std::to_string(me), 1);
+    const std::string key = scope + std::to_string(instance) + "/segment";
+    seg = segment(store, key, me, p, total, cfg.name, offsetof(detail::header, mapped), cfg.timeout);
+    hdr = reinterpret_cast<detail::header*>(seg.data());
+    ctrl = reinterpret_cast<detail::rank_ctrl*>(seg.data() + ctrl_off);
+    regions = seg.data() + regions_off;
+    srcs.resize(static_cast<std::size_t>(p));
+    peer_off.resize(static_cast<std::size_t>(p));
+    oversubscribed = p > static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+
+    if (me == 0) {  // the segment is zero-filled; atomics at zero are valid
+      hdr->nranks = static_cast<std::uint32_t>(p);
+      hdr->version = 1;
+      hdr->small_bytes = cfg.small_bytes;
+      hdr->staging_bytes = cfg.staging_bytes;
+      hdr->pool_bytes = cfg.pool_bytes;
+      hdr->abort_rank.store(-1);
+      std::atomic_thread_fence(std::memory_order_release);
+      reinterpret_cast<std::atomic<std::uint64_t>*>(&hdr->magic)->store(detail::segment_magic, std::memory_order_release);
+    } else {
+      const auto deadline = std::chrono::steady_clock::now() + cfg.timeout;
+      backoff b;
+      while (reinterpret_cast<std::atomic<std::uint64_t>*>(&hdr->magic)->load(std::memory_order_acquire) !=
+             detail::segment_magic) {
+        if (std::chrono::steady_clock::now() > deadline)
+          throw timeout_error("shared segment " + seg.name() + " was never initialised by local rank 0",
+                              site("shm init", 0));
+        b.pause();
+      }
+      if (hdr->nranks != static_cast<std::uint32_t>(p) || hdr->small_bytes != cfg.small_bytes ||
+          hdr->staging_bytes != cfg.staging_bytes || hdr->pool_bytes != cfg.pool_bytes)
+        throw usage_error("local ranks disagree on the shm communicator's configuration (size " +
+                              std::to_string(hdr->nranks) + " vs " + std::to_string(p) + ", or buffer sizes)",
+                          site("shm init", 0));
+    }
+    // First touch of my own region from my own process (NUMA placement), then mark ready.
+    std::memset(region(me), 0, region_bytes);
+    ctrl[me].pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
+    ctrl[me].pid_ns.store(pid_namespace(), std::memory_order_relaxed);
+    ctrl[me].ready.store(1, std::memory_order_release);
+    std::chrono::steady_clock::time_point init_deadline{};
+    wait_peers([&](int r) { return ctrl[r].ready.load(std::memory_order_acquire); }, 1, "set-up", nullptr,
+               init_deadline, cfg.timeout);
+    // Pre-fault my page tables for every peer's region: no page fault inside a collective.
+    for (int r = 0; r < p; ++r) {
+      volatile unsigned char* b = region(r);
+      for (std::size_t off = 0; off < region_bytes; off += page) (void)b[off];
+    }
+  }
+
+  unsigned char* region(int r) const { return regions + region_bytes * static_cast<std::size_t>(r); }
+  detail::mailbox& box(int r, std::uint64_t parity) const {
+    return *reinterpret_cast<detail::mailbox*>(region(r) + small_off + (parity & 1) * slot_bytes);
+  }
+  // The one-shot data area of rank r's mailbox for a call of this parity.
+  unsigned char* small(int r, std::uint64_t parity) const {
+    return reinterpret_cast<unsigned char*>(&box(r, parity)) + detail::mailbox_data_offset;
+  }
+  std::uint64_t arrived(int r) const {
+    return std::max(box(r, 0).seq.load(std::memory_order_relaxed), box(r, 1).seq.load(std::memory_order_relaxed));
+  }
+  unsigned char* staging(int r, std::uint64_t parity) const {
+    return region(r) + staging_off + (parity & 1) * cfg.staging_bytes;
+  }
+  unsigned char* pool(int r) const { return region(r) + pool_off; }
+
+  // Offset of [ptr, ptr+bytes) in my pool, or no_offset.
+  std::uint64_t pool_offset(const void* ptr, std::size_t bytes) const {
+    auto* b = static_cast<const unsigned char*>(ptr);
+    if (cfg.pool_bytes == 0 || b < pool(me) || b + bytes > pool(me) + cfg.pool_bytes) return detail::no_offset;
+    return static_cast<std::uint64_t>(b - pool(me));
+  }
+
+  void* allocate(std::size_t bytes) {
+    std::lock_guard lock(alloc_mu);
+    const std::size_t off = detail::round_up(pool_used, 64);
+    if (off + bytes > cfg.pool_bytes)
+      throw usage_error("shm pool exhausted: " + std::to_string(bytes) + " bytes asked, " +
+                            std::to_string(cfg.pool_bytes - std::min(off, cfg.pool_bytes)) +
+                            " left of config::pool_bytes = " + std::to_string(cfg.pool_bytes),
+                        site("shm allocate", seq));
+    pool_used = off + bytes;
+    return pool(me) + off;
+  }
+
+  // -- errors, abort, liveness ---------------------------------------------------------------
+
+  error_site site(const std::string& op, std::uint64_t sequence) const {
+    return error_site::in(cfg.identity, me, p, op, sequence);
+  }
+
+  static bool valid(const detail::signature& g) { return g.coll < 5 && g.type < 7 && g.op < 5 && g.algorithm < 3; }
+
+  static std::string describe(const detail::signature& g) {
+    if (!valid(g))
+      return "#" + std::to_string(g.seq) + " <unreadable signature: collective " + std::to_string(g.coll) +
+             ", dtype " + std::to_string(g.type) + ", op " + std::to_string(g.op) + ">";
+    const auto c = static_cast<collective>(g.coll);
+    std::string s = "#" + std::to_string(g.seq) + " " + std::string(name(c));
+    if (c == collective::barrier) return s;
+    s += " " + std::string(name(static_cast<dtype>(g.type))) + " x " + std::to_string(g.count);
+    if (c == collective::allreduce || c == collective::reduce_scatter)
+      s += " (" + std::string(name(static_cast<op_kind>(g.op))) + ")";
+    if (c == collective::broadcast) s += " (root " + std::to_string(g.root) + ")";
+    s += " [" + std::string(name(static_cast<algo>(g.algorithm))) + "]";
+    if (g.in_off != detail::no_offset) s += " zero-copy in@" + std::to_string(g.in_off);
+    if (g.out_off != detail::no_offset) s += " zero-copy out@" + std::to_string(g.out_off);
+    if (g.tag) s += " tag " + std::to_string(g.tag);
+    return s;
+  }
+
+  // "(f32 x 1048576, avg, two_shot)": a call's arguments, after the "allreduce #41" prefix.
+  static std::string describe_args(const detail::signature& g) {
+    if (!valid(g)) return "";
+    const auto c = static_cast<collective>(g.coll);
+    if (c == collective::barrier) return "";
+    std::string s = "(" + std::string(name(static_cast<dtype>(g.type))) + " x " + std::to_string(g.count);
+    if (c == collective::allreduce || c == collective::reduce_scatter) s += ", " + std::string(name(static_cast<op_kind>(g.op)));
+    if (c == collective::broadcast) s += ", root " + std::to_string(g.root);
+    return s + ", " + std::string(name(static_cast<algo>(g.algorithm))) + ") ";
+  }
+
+  void abort(std::string_view why) noexcept {
+    if (hdr == nullptr) return;
+    const std::string reason(why);
+    // Claim first, fill in the reason, then publish: a reader that sees `aborted` sees both.
+    std::uint32_t expected = 0;
+    if (hdr->abort_claim.compare_exchange_strong(expected, 1)) {
+      std::snprintf(hdr->abort_reason, sizeof hdr->abort_reason, "%s", reason.c_str());
+      hdr->abort_rank.store(me, std::memory_order_relaxed);
+      hdr->aborted.store(1, std::memory_order_release);
+    }
+    stop.set(reason);
+  }
+
+  // Fails this call: remember, tell the others, throw.
+  template <class E>
+  [[noreturn]] void fail(E err) {
+    abort(err.what());
+    throw err;
+  }
+
+  // Whether rank r's process still runs. Only meaningful for a peer in our pid namespace
+  // (containers of one pod share /dev/shm but not pids); a zombie counts as dead.
+  bool alive(int r) const {
+    const auto pid = ctrl[r].pid.load(std::memory_order_relaxed);
+    if (pid <= 0 || pid == ::getpid()) return true;  // ranks as threads share a pid
+    if (ctrl[r].pid_ns.load(std::memory_order_relaxed) != ctrl[me].pid_ns.load(std::memory_order_relaxed)) return true;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (FILE* f = std::fopen(path, "r")) {
+      char buf[512] = {};
+      const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+      std::fclose(f);
+      const char* close_paren = std::strrchr(buf, ')');
+      if (n > 0 && close_paren != nullptr && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X'))
+        return false;
+    }
+    return true;
+  }
+
+  static std::uint64_t pid_namespace() {
+    struct stat st {};
+    return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
+  }
+
+  // Waits until value_of(r) >= target for every rank r != me.
+  template <class ValueOf>
+  void wait_peers(ValueOf value_of, std::uint64_t target, const char* phase, const detail::signature* current,
+                  std::chrono::steady_clock::time_point& deadline, std::chrono::milliseconds timeout) {
+    backoff b = oversubscribed ? backoff::oversubscribed(std::chrono::microseconds(500))
+                               : backoff(std::chrono::microseconds(500));
+    auto next_liveness = std::chrono::steady_clock::time_point::max();
+    for (std::uint32_t spin = 0;; ++spin) {
+      bool all = true;
+      for (int r = 0; r < p && all; ++r)
+        if (r != me && value_of(r) < target) all = false;
+      if (all) return;
+      if (hdr->aborted.load(std::memory_order_acquire)) {
+        const int who = hdr->abort_rank.load(std::memory_order_acquire);
+        stop.set("rank " + std::to_string(who) + " stopped the group");
+        throw remote_error("rank " + std::to_string(who) + " stopped the group: " + std::string(hdr->abort_reason),
+                           site(current ? std::string(name(static_cast<collective>(current->coll))) : "shm init",
+                                current ? current->seq : 0));
+      }
+      b.pause();
+      if ((spin & 63) != 63) continue;
+      const auto now = std::chrono::steady_clock::now();
+      if (deadline == std::chrono::steady_clock::time_point{}) {  // first slow poll of this call
+        deadline = now + timeout;
+        next_liveness = now + 50ms;
+      }
+      if (now >= next_liveness) {
+        next_liveness = now + 100ms;
+        for (int r = 0; r < p; ++r)
+          if (r != me && value_of(r) < target && !alive(r))
+            fail(remote_error("rank " + std::to_string(r) + " (pid " + std::to_string(ctrl[r].pid.load()) +
+                                  ") died" + (current ? " during " + describe(*current) : std::string(" during set-up")) +
+                                  ": its process is gone",
+                              site(current ? std::string(name(static_cast<collective>(current->coll))) : "shm init",
+                                   current ? current->seq : 0)));
+      }
+      if (now >= deadline) {
+        std::string missing;
+        for (int r = 0; r < p; ++r)
+          if (r != me && value_of(r) < target)
+            missing += (missing.empty() ? "" : ", ") + std::to_string(r) + " (at #" +
+                       std::to_string(arrived(r)) + ")";
+        fail(timeout_error((current ? describe_args(*current) : std::string()) + "timed out after " +
+                               kft::detail::describe_duration(timeout) + " in " + phase + " waiting for rank(s) " +
+                               missing,
+                           site(current ? std::string(name(static_cast<collective>(current->coll))) : "shm init",
+                                current ? current->seq : 0)));
+      }
+    }
+  }
+
+  // -- one call ------------------------------------------------------------------------------
+
+  struct call {
+    detail::signature sig;
+    mutable std::chrono::steady_clock::time_point deadline{};  // unset until a wait is slow
+    std::chrono::milliseconds timeout;
+  };
+
+  call begin(collective c, dtype t, op_kind op, std::size_t count, int root, algo a, const options& o,
+             std::uint64_t in_off, std::uint64_t out_off) {
+    stop.check(site(std::string(name(c)), seq));
+    if (hdr->aborted.load(std::memory_order_acquire)) {
+      stop.set(hdr->abort_reason);
+      throw remote_error("rank " + std::to_string(hdr->abort_rank.load()) + " stopped the group: " +
+                             std::string(hdr->abort_reason),
+                         site(std::string(name(c)), seq));
+    }
+    call k;
+    k.sig.seq = seq;  // numbered by the communicator when the call was issued
+    k.sig.count = count;
+    k.sig.in_off = in_off;
+    k.sig.out_off = out_off;
+    k.sig.root = root;
+    k.sig.tag = o.tag;
+    k.sig.coll = static_cast<std::uint8_t>(c);
+    k.sig.type = static_cast<std::uint8_t>(t);
+    k.sig.op = static_cast<std::uint8_t>(op);
+    k.sig.algorithm = static_cast<std::uint8_t>(a);
+    k.timeout = o.timeout.count() > 0 ? o.timeout : cfg.timeout;
+    // The deadline is set by the first wait of the call that does not complete at once
+    // (reading the clock costs as much as a fast one-shot call's synchronisation).
+    box(me, k.sig.seq).sig = k.sig;
+    return k;
+  }
+
+  // Publishes arrival (after any data written before it), waits for everyone's, and compares
+  // signatures: the first synchronisation of every call.
+  void arrive_and_check(const call& k) {
+    box(me, k.sig.seq).seq.store(k.sig.seq, std::memory_order_release);
+    wait_peers([&](int r) { return box(r, k.sig.seq).seq.load(std::memory_order_acquire); }, k.sig.seq, "arrival",
+               &k.sig, k.deadline, k.timeout);
+    for (int r = 0; r < p; ++r) {
+      if (r == me) continue;
+      detail::signature theirs = box(r, k.sig.seq).sig;
+      // An allgather's zero-copy input may sit at a different place on every rank (in place:
+      // out + rank * count); each rank reads it from the peer's signature instead.
+      if (static_cast<collective>(k.sig.coll) == collective::allgather) theirs.in_off = k.sig.in_off;
+      if (!(theirs == k.sig))
+        fail(mismatch_error("rank " + std::to_string(r) + " is at " + describe(theirs) + ", rank " +
+                                std::to_string(me) + " at " + describe(k.sig),
+                            site(std::string(name(static_cast<collective>(k.sig.coll))), k.sig.seq)));
+    }
+  }
+
+  void wait_stage(const call& k, std::uint64_t target, const char* phase) {
+    wait_peers([&](int r) { return ctrl[r].stage.load(std::memory_order_acquire); }, target, phase, &k.sig,
+               k.deadline, k.timeout);
+  }
+  void wait_stage_of(const call& k, int r, std::uint64_t target, const char* phase) {
+    // Only rank r matters (broadcast root); reuse wait_peers with a view that ignores others.
+    wait_peers([&](int q) { return q == r ? ctrl[q].stage.load(std::memory_order_acquire) : ~0ULL; }, target, phase,
+               &k.sig, k.deadline, k.timeout);
+  }
+  void set_stage(std::uint64_t v) { ctrl[me].stage.store(v, std::memory_order_release); }
+
+  // Staging chunk g may be written once every rank is done with chunk g-2 (same buffer).
+  void claim_chunk(const call& k, std::uint64_t g) {
+    if (g >= 2) wait_stage(k, 3 * (g - 2) + 3, "staging reuse");
+  }
+
+  // Slice r of n elements split p ways (the first n % p slices get one more).
+  std::pair<std::size_t, std::size_t> slice(std::size_t n, int r) const {
+    const std::size_t q = n / static_cast<std::size_t>(p), rem = n % static_cast<std::size_t>(p);
+    const std::size_t ru = static_cast<std::size_t>(r);
+    const std::size_t begin = ru * q + std::min(ru, rem);
+    return {begin, q + (ru < rem ? 1 : 0)};
+  }
+
+  // -- choice ---------------------------------------------------------------------------------
+
+  algo choose(collective c, std::size_t bytes, bool zero_copy) const {
+    return choose_algorithm(cfg.crossovers, c, p, oversubscribed, zero_copy, bytes, cfg.small_bytes);
+  }
+
+  algo resolve(collective c, std::size_t bytes, const options& o, bool zero_copy = false) const {
+    if (o.algorithm != algo::automatic && o.algorithm != algo::one_shot && o.algorithm != algo::two_shot)
+      throw usage_error("algorithm " + std::string(name(o.algorithm)) +
+                            " is not a shared-memory algorithm (one_shot, two_shot or auto)",
+                        site(std::string(name(c)), seq));
+    return o.algorithm == algo::automatic ? choose(c, bytes, zero_copy) : o.algorithm;
+  }
+};
+
+}  // namespace shm::detail
+KFT_NAMESPACE_END
