@@ -6,7 +6,7 @@ when the bench flags include --latency, of the latency table.
 
 One run on a shared or virtual machine is noisy (neighbours, frequency changes); the medians of
 several runs, alternated between rank counts, are what the choice in
-include/kft/transport/shm/communicator.hpp (state::choose) was tuned with.
+include/kft/transport/shm/tuning.hpp (default_crossovers) was tuned with.
 
   python3 bench/campaign.py --build build --ranks 2 3 4 --runs 5 -- -b 8 -e 256M -f 2
   python3 bench/campaign.py --peers --runs 5 -- -b 8 -e 256M -f 2 -n 20 -w 5 --latency

@@ -1,6 +1,6 @@
 // allreduce_perf across nodes: kft's flat and hierarchical allreduce (kft::group::mpi_group) against
 // MPI_Allreduce, all timed in the same run, with the bytes each node sent across nodes counted
-// from its network interfaces. Included by collective_perf.cpp (allreduce only); runs when the
+// from its network interfaces. Included by harness.hpp (allreduce only); runs when the
 // ranks span several nodes (host names, or KFT_HOST_ID) or --algo is flat or hierarchical.
 #pragma once
 

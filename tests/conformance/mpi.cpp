@@ -1,6 +1,6 @@
-// Conformance under mpirun, one rank per process: kft's MPI communicator, and the CPU process
-// group (shared memory per node + MPI between nodes; KFT_HOST_ID splits one machine into
-// nodes). Every rank registers the same cases in the same order and runs each collectively;
+// Conformance under mpirun, one rank per process: kft's MPI communicator, the shared-memory
+// transport across processes (when every rank is on one node), and the CPU process group
+// (shared memory per node + MPI between nodes; KFT_HOST_ID splits one machine into nodes). Every rank registers the same cases in the same order and runs each collectively;
 // outcomes are compared over MPI_COMM_WORLD, outside the communicator under test.
 #define BOOST_TEST_ALTERNATIVE_INIT_API
 #include <boost/test/unit_test.hpp>
@@ -12,6 +12,8 @@
 
 #include <kft/group/mpi_group.hpp>
 #include <kft/group/process_group.hpp>
+#include <kft/rendezvous/mpi_bootstrap.hpp>
+#include <kft/transport/shm/communicator.hpp>
 #include <kft/transport/mpi/communicator.hpp>
 
 #include "registry.hpp"
@@ -69,9 +71,9 @@ conf::runner over(std::shared_ptr<Comm> comm) {
 
 bool init_unit_test() {
   const int p = world_size();
-  const char* which = std::getenv("KFT_CONFORMANCE");  // mpi (default), group, or both
-  const std::string w = which ? which : "both";
-  if (w == "mpi" || w == "both") {
+  const char* which = std::getenv("KFT_CONFORMANCE");  // mpi, shm, group, or all (default)
+  const std::string w = which ? which : "all";
+  if (w == "mpi" || w == "all") {
     auto comm = std::make_shared<kft::mpi::communicator>();
     conf::register_suite("mpi", p, conf::cases(p, [](kft::collective c) {
                            if (c == kft::collective::allreduce) return std::vector{kft::algo::automatic, kft::algo::ring};
@@ -79,7 +81,30 @@ bool init_unit_test() {
                          }),
                          over(comm));
   }
-  if (w == "group" || w == "both") {
+  int local = 1;
+  {
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+  }
+  if ((w == "shm" || w == "all") && local == p && std::getenv("KFT_HOST_ID") == nullptr) {
+    // Processes of one node through one segment (the store: bootstrapped over MPI).
+    auto handle = std::make_shared<kft::rendezvous::store_handle>(kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD));
+    kft::shm::config c;
+    c.staging_bytes = 16u << 10;
+    c.small_bytes = 4u << 10;
+    c.name = "conformance";
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    auto comm = std::shared_ptr<kft::shm::communicator>(new kft::shm::communicator(handle->client, me, p, c),
+                                                        [handle](kft::shm::communicator* x) { delete x; });
+    conf::register_suite("shm_processes", p, conf::cases(p, [](kft::collective) {
+                           return std::vector{kft::algo::automatic, kft::algo::one_shot, kft::algo::two_shot};
+                         }),
+                         over(comm));
+  }
+  if (w == "group" || w == "all") {
     auto cfg = kft::group::mpi_group_config_from(kft::environment::process());
     cfg.group.warn = false;
     cfg.group.hierarchical.chunk_bytes = 64u << 10;  // many pipeline chunks

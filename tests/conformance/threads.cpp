@@ -111,7 +111,7 @@ conf::runner lazily(int p, typename rank_pool<Comm>::maker make) {
 }  // namespace
 
 bool init_unit_test() {
-  for (int p = 1; p <= 4; ++p) {
+  for (int p = 1; p <= 5; ++p) {
     conf::register_suite("shm", p, conf::cases(p, shm_algorithms),
                          lazily<kft::shm::communicator>(p, [](auto store, int r, int n) {
                            return kft::shm::communicator(store, r, n, small_config("conf"));

@@ -6,7 +6,9 @@
 #  - the deadline paths: a stalled collective and a rank missing at initialisation give
 #    timeout_error in time (and, with two GPUs, a rank that never calls the collective);
 #  - hierarchical allreduce NCCL+NCCL 1x1 and NCCL+MPI staged through pinned memory;
-#  - allreduce bandwidth, 1 MiB .. 256 MiB, against cudaMemcpy device-to-device.
+#  - allreduce bandwidth, 1 MiB .. 256 MiB, against cudaMemcpy device-to-device;
+#  - the conformance suite (tests/conformance/) on NCCL: one rank per GPU;
+#  - all_reduce_perf on NCCL (bench/, --backend nccl) in nccl-tests' columns.
 #
 #   tests/gpu/run-gpu-checks.sh [BUILD_DIR]      (default: $KFT_BUILD_DIR, else build-gpu)
 #
@@ -16,6 +18,7 @@ set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-${KFT_BUILD_DIR:-$src/build-gpu}}
 exe=$build/tests/test_nccl
+conformance=$build/tests/test_conformance_nccl
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 echo "== GPUs"
@@ -27,8 +30,9 @@ if [[ ! -x $exe ]]; then
   if [[ ! -f $build/CMakeCache.txt ]]; then
     bash "$src/tools/configure.sh" "$build" -DKFT_WITH_MPI=AUTO -DKFT_WITH_HWLOC=AUTO || exit 1
   fi
-  cmake --build "$build" --target test_nccl -j "$(nproc)" || exit 1
+  cmake --build "$build" --target test_nccl test_conformance_nccl -j "$(nproc)" || exit 1
 fi
+[[ -x $build/bench/allreduce_perf ]] || cmake --build "$build" --target allreduce_perf -j "$(nproc)" || true
 
 start=$SECONDS
 echo "== test_nccl: ranks as threads"
@@ -55,5 +59,19 @@ for r in 0 1; do
 done
 rm -rf "$store" "$logs"
 
-echo "run-gpu-checks: threads exit $rc, processes exit $prc, $((SECONDS - start)) s"
-[[ $rc -eq 0 && $prc -eq 0 ]]
+crc=0
+if [[ -x $conformance ]]; then
+  echo "== conformance on NCCL"
+  timeout 300 "$conformance" --log_level=error --report_level=short --color_output=false
+  crc=$?
+fi
+
+brc=0
+if [[ -x $build/bench/allreduce_perf ]]; then
+  echo "== all_reduce_perf on NCCL (one rank), nccl-tests' columns"
+  timeout 300 "$build/bench/allreduce_perf" --backend nccl -b 8 -e 1G -f 4 -n 20 -w 5 -c 1
+  brc=$?
+fi
+
+echo "run-gpu-checks: threads exit $rc, processes exit $prc, conformance exit $crc, bench exit $brc, $((SECONDS - start)) s"
+[[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $brc -eq 0 ]]

@@ -260,3 +260,28 @@ BOOST_AUTO_TEST_CASE(mpi_collective_times_out) {
     MPI_Barrier(MPI_COMM_WORLD);
   }
 }
+
+// A split communicator places its errors in the job: the global rank first, then the label and
+// the rank inside it ("kft: rank 3/4 (rail 1, rank 1/2) mpi allreduce #1: ...").
+BOOST_AUTO_TEST_CASE(split_communicators_name_their_place_in_the_job) {
+  kft::mpi::communicator world;
+  const int me = world.rank(), p = world.size();
+  auto rail = world.split(me % 2, me, "rail " + std::to_string(me % 2));
+  const std::string m = kft::error("x", rail.next_site(kft::collective::allreduce)).what();
+  BOOST_TEST_INFO(m);
+  if (p == 1) {
+    BOOST_TEST(m.find("kft: rank 0/1 (rail 0, rank 0/1) mpi allreduce #1: x") == 0u);
+  } else {
+    const std::string want = "kft: rank " + std::to_string(me) + "/" + std::to_string(p) + " (rail " +
+                             std::to_string(me % 2) + ", rank " + std::to_string(rail.rank()) + "/" +
+                             std::to_string(rail.size()) + ") mpi allreduce #1: x";
+    BOOST_TEST(m == want);
+  }
+  // The whole job's communicator needs no label.
+  BOOST_TEST(std::string(kft::error("x", world.next_site(kft::collective::barrier)).what()).find("(") ==
+             std::string::npos);
+  // An algorithm MPI does not run is refused, not replaced.
+  std::vector<float> v(4, 1.0f);
+  BOOST_CHECK_THROW(world.allreduce(std::span<float>(v), kft::ops::sum, {.algorithm = kft::algo::two_shot}),
+                    kft::usage_error);
+}

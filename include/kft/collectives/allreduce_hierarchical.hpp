@@ -16,9 +16,8 @@
 /// link busy), the intra communicator's progress thread runs step 1 of chunk i+1 and step 3
 /// of chunk i-1.
 ///
-/// Generic: `Intra` provides `size()`, `rank()`, `allreduce`, and `reduce_scatter_async` /
-/// `allgather_async` returning handles with `wait()`; `Inter` provides `size()` and
-/// `allreduce`. Every node must have the same number of ranks (callers check the
+/// Generic over kft's contract (transport/concepts.hpp): `Intra` is an `async_communicator`
+/// (its reduce-scatter and allgather run asynchronously), `Inter` a `communicator`. Every node must have the same number of ranks (callers check the
 /// topology and fall back to a flat algorithm otherwise). Elements that do not divide evenly
 /// into L shards, and messages below `small_bytes`, take the latency path: intra allreduce,
 /// then every rail allreduces the whole remainder.
@@ -35,6 +34,7 @@
 #include <kft/core/dtype.hpp>
 #include <kft/core/error.hpp>
 #include <kft/core/ops.hpp>
+#include <kft/transport/checks.hpp>
 
 KFT_NAMESPACE_BEGIN
 
@@ -83,14 +83,11 @@ class hierarchical_allreduce {
 
   template <class T, reduction Op>
   void operator()(std::span<const T> in, std::span<T> out, Op, const options& o = {}) {
-    if (in.size() != out.size())
-      throw usage_error("hierarchical allreduce: buffer sizes do not match (" + std::to_string(in.size()) + " vs " +
-                            std::to_string(out.size()) + " elements)",
-                        error_site::of("allreduce"));
+    detail::require_same_count(in.size(), out.size(), "hierarchical allreduce", error_site::of("allreduce"));
     (*this)(in.data(), out.data(), in.size(), dtype_of_v<T>, Op::kind, o);
   }
 
-  const hierarchical_config& settings() const noexcept { return cfg_; }
+  const hierarchical_config& configuration() const noexcept { return cfg_; }
 
  private:
   // count is a multiple of L.

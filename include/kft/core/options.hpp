@@ -12,13 +12,13 @@
 KFT_NAMESPACE_BEGIN
 
 /// @brief Which algorithm a collective runs. `automatic` lets the communicator choose by size
-/// and rank count (docs/algorithms.md).
-///
-/// `one_shot` and `two_shot` are intra-node algorithms (shm); `flat` and `hierarchical` choose
-/// how a job that spans nodes runs (one communicator over all ranks, or intra-node
-/// reduce-scatter + inter-node allreduce + intra-node allgather).
-/// `ring` is kft's bandwidth-optimal ring (reduce-scatter + allgather over point-to-point
-/// messages) on an MPI communicator, whose `automatic` is MPI's own choice.
+/// and rank count (docs/algorithms.md). The values belong to three levels, and each
+/// communicator accepts its own level's (any other is a `usage_error` naming the ones it has):
+///  - inside a node (the shm transport): `one_shot`, `two_shot`;
+///  - across nodes (a `group::cpu_group`): `flat` (one communicator over every rank) or
+///    `hierarchical` (intra-node reduce-scatter + inter-node allreduce + intra-node allgather);
+///  - on an MPI communicator: `ring`, kft's bandwidth-optimal ring over point-to-point messages
+///    (its `automatic` is MPI's own choice).
 enum class algo : std::uint8_t { automatic, one_shot, two_shot, flat, hierarchical, ring };
 
 constexpr std::string_view name(algo a) {

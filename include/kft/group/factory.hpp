@@ -25,6 +25,7 @@
 #include <kft/config.hpp>
 #include <kft/core/environment.hpp>
 #include <kft/discovery/world_info.hpp>
+#include <kft/group/cpu_group.hpp>
 #include <kft/group/node.hpp>
 #include <kft/group/process_group.hpp>
 #include <kft/rendezvous/store.hpp>

@@ -25,6 +25,9 @@
 /// (what the communicator and its work share).
 ///
 /// Not thread-safe: one communicator is used by one thread at a time (as NCCL requires).
+///
+/// One cohesive thing at ~400 lines: the communicator's life cycle (init with a deadline, split,
+/// close) and its collectives, all on one `comm_state`.
 #pragma once
 
 #include <kft/config.hpp>

@@ -29,6 +29,7 @@
 
 #include <kft/core/backoff.hpp>
 #include <kft/core/collective.hpp>
+#include <kft/core/deadline.hpp>
 #include <kft/core/dtype.hpp>
 #include <kft/core/error.hpp>
 #include <kft/core/ops.hpp>
@@ -98,18 +99,14 @@ struct state {
       hdr->staging_bytes = cfg.staging_bytes;
       hdr->pool_bytes = cfg.pool_bytes;
       hdr->abort_rank.store(-1);
-      std::atomic_thread_fence(std::memory_order_release);
+      // The release store publishes every write above to a reader that acquires the magic.
       reinterpret_cast<std::atomic<std::uint64_t>*>(&hdr->magic)->store(detail::segment_magic, std::memory_order_release);
     } else {
-      const auto deadline = std::chrono::steady_clock::now() + cfg.timeout;
-      backoff b;
-      while (reinterpret_cast<std::atomic<std::uint64_t>*>(&hdr->magic)->load(std::memory_order_acquire) !=
-             detail::segment_magic) {
-        if (std::chrono::steady_clock::now() > deadline)
-          throw timeout_error("shared segment " + seg.name() + " was never initialised by local rank 0",
-                              site("shm init", 0));
-        b.pause();
-      }
+      auto* magic = reinterpret_cast<std::atomic<std::uint64_t>*>(&hdr->magic);
+      if (!poll_until([&] { return magic->load(std::memory_order_acquire) == detail::segment_magic; },
+                      deadline::after(cfg.timeout)))
+        throw timeout_error("shared segment " + seg.name() + " was never initialised by local rank 0",
+                            site("shm init", 0));
       if (hdr->nranks != static_cast<std::uint32_t>(p) || hdr->small_bytes != cfg.small_bytes ||
           hdr->staging_bytes != cfg.staging_bytes || hdr->pool_bytes != cfg.pool_bytes)
         throw usage_error("local ranks disagree on the shm communicator's configuration (size " +

@@ -1,10 +1,11 @@
-// collective_perf: nccl-tests' *_perf for kft's shared-memory collectives.
-//
-// One source, four programs: CMake compiles it with KFT_BENCH_COLLECTIVE="allreduce",
-// "broadcast", "reduce_scatter" or "allgather" into allreduce_perf, broadcast_perf,
-// reduce_scatter_perf and allgather_perf. Run under mpirun with every rank on one node:
+// harness.hpp: nccl-tests' *_perf for kft's communicators, written once. Each collective has a
+// short file (all_reduce.cpp, broadcast.cpp, reduce_scatter.cpp, all_gather.cpp) with what is
+// its own (sizes, bus factor, in-place offsets, the call, the check), as nccl-tests' src/<coll>.cu
+// next to its common.cu. `--backend shm|mpi|group|nccl` picks the communicator measured
+// (backend.hpp). Run under mpirun (or kftrun, for shm) with every rank on one node:
 //
 //     mpirun -np 2 build/bench/allreduce_perf -b 8 -e 256M -f 2 --json /tmp/ar2.json
+//     mpirun -np 2 build/bench/allreduce_perf --backend nccl -b 8 -e 1G -f 2   (one GPU per rank)
 //
 // What it prints is nccl-tests' table: the same flags (-b -e -i -f -n -w -c -d -o -r -a -T), the
 // same header, row and footer formats (src/util.cu), the same sizes (count = size/typesize;
@@ -36,7 +37,10 @@
 //  - --p50: nccl-tests-like per-call columns (i_p50, i_p99) after each half of the table.
 //
 // Only rank 0 prints. Extra tables are '#' lines after nccl-tests' footer, so the only
-// non-comment lines are nccl-tests' rows.
+// non-comment lines are nccl-tests' rows. The peers and --latency run for the host backends;
+// NCCL's device buffers are filled and checked through host copies (not timed).
+#pragma once
+
 #include <malloc.h>
 #include <mpi.h>
 #include <sched.h>
@@ -53,6 +57,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -77,6 +82,7 @@
 #include <kft/rendezvous/mpi_bootstrap.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
+#include "backend.hpp"
 #include "multinode.hpp"
 
 #if KFT_BENCH_WITH_GLOO
@@ -87,51 +93,15 @@
 #include <gloo/transport/tcp/device.h>
 #endif
 
-#ifndef KFT_BENCH_COLLECTIVE
-#error "compile with -DKFT_BENCH_COLLECTIVE=\"allreduce\" (or \"broadcast\", \"reduce_scatter\", \"allgather\")"
-#endif
 
-namespace {
+namespace kft_bench {
 
 using clk = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-// ---- which collective this program measures ------------------------------------------------
+// ---- what a collective's file provides (all_reduce.cpp, ...) -----------------------------
 
 enum class coll { allreduce, broadcast, reduce_scatter, allgather };
-
-consteval coll coll_named(std::string_view s) {
-  if (s == "allreduce") return coll::allreduce;
-  if (s == "broadcast") return coll::broadcast;
-  if (s == "reduce_scatter") return coll::reduce_scatter;
-  if (s == "allgather") return coll::allgather;
-  throw "KFT_BENCH_COLLECTIVE must be \"allreduce\", \"broadcast\", \"reduce_scatter\" or \"allgather\"";
-}
-constexpr std::string_view kCollName = KFT_BENCH_COLLECTIVE;  // also kft's name, for choose()
-constexpr coll kColl = coll_named(KFT_BENCH_COLLECTIVE);
-constexpr bool kHasOp = kColl == coll::allreduce || kColl == coll::reduce_scatter;
-constexpr bool kHasRoot = kColl == coll::broadcast;
-
-// nccl-tests' program name, printed in "Collective test concluded".
-constexpr const char* nccl_test_name() {
-  switch (kColl) {
-    case coll::allreduce: return "all_reduce_perf";
-    case coll::broadcast: return "broadcast_perf";
-    case coll::reduce_scatter: return "reduce_scatter_perf";
-    case coll::allgather: return "all_gather_perf";
-  }
-  return "";
-}
-
-// busbw = algbw * factor (nccl-tests src/*.cu GetBw).
-double bus_factor(int n) {
-  const double dn = n;
-  switch (kColl) {
-    case coll::allreduce: return 2.0 * (dn - 1) / dn;
-    case coll::broadcast: return 1.0;
-    default: return (dn - 1) / dn;
-  }
-}
 
 // Sizes of one row (nccl-tests GetCollByteCount): `count` is the per-call count argument.
 struct shape {
@@ -139,22 +109,6 @@ struct shape {
   std::size_t alg_bytes = 0;  // S in algbw = S / t
   std::size_t size() const { return std::max(send_bytes, recv_bytes); }
 };
-
-shape shape_of(std::size_t size, std::size_t es, int n) {
-  const std::size_t un = static_cast<std::size_t>(n);
-  shape s;
-  if constexpr (kColl == coll::allreduce || kColl == coll::broadcast) {
-    s.count = size / es;
-    s.send_bytes = s.recv_bytes = s.alg_bytes = s.count * es;
-  } else {
-    s.count = (size / es / un) & ~(16 / es - 1);  // nccl-tests: & -(16/eltSize)
-    const std::size_t mine = s.count * es, all = mine * un;
-    s.send_bytes = kColl == coll::reduce_scatter ? all : mine;
-    s.recv_bytes = kColl == coll::reduce_scatter ? mine : all;
-    s.alg_bytes = all;
-  }
-  return s;
-}
 
 // ---- flags -----------------------------------------------------------------------------------
 
@@ -165,11 +119,13 @@ struct settings {
   std::vector<kft::dtype> types{kft::dtype::f32};
   std::vector<kft::op_kind> ops{kft::op_kind::sum};
   kft::algo algorithm = kft::algo::automatic;
-  bool zero_copy = false, peers = kColl == coll::allreduce, gloo = true, latency = false, p50 = false, algos = false;
+  bool zero_copy = false, peers = true, gloo = true, latency = false, p50 = false, algos = false;
   double peer_budget = 2.0;
   int timeout_s = 0, latency_iters = 10000;
   std::size_t staging_bytes = 0, small_bytes = 0, latency_max = 64u << 10;
   std::string json_path;
+  std::string backend = "auto";  // shm, mpi, group, nccl; auto = shm on one node, the multinode table across
+  int device = -1;               // nccl: the CUDA device (default: local rank modulo the devices)
 };
 
 // The next row's size (-f factor, else -i step); false past -e. The one place sizes advance.
@@ -235,8 +191,9 @@ kft::algo parse_algo(const std::string& s) {
 }
 
 // Returns the exit code to stop with, or nullopt to run.
+template <class C>
 std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
-  CLI::App app{"kft " + std::string(kCollName) + " benchmark in nccl-tests' format (run under mpirun)"};
+  CLI::App app{"kft " + std::string(C::kft_name) + " benchmark in nccl-tests' format (run under mpirun)"};
   std::string b = "32M", e = "32M", i = "1M", d = "float", o = "sum", al = "auto", lm = "64K";
   int f = 1, nthreads = 1, ngpus = 1, agg = 1;
   app.add_option("-b,--minbytes", b, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
@@ -272,6 +229,13 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   app.add_option("--latency-iters", a.latency_iters, "calls per size for --latency")->capture_default_str();
   app.add_option("--latency-max", lm, "largest size --latency measures (K/M/G suffixes)")->capture_default_str();
   app.add_flag("--p50", a.p50, "time every call too and add i_p50 i_p99 columns (max over ranks per call)");
+  app.add_option("--backend", a.backend,
+                 "what is measured: shm (kft's shared memory), mpi (kft::mpi::communicator), group (shared memory "
+                 "per node + MPI between nodes), nccl (device buffers); auto = shm on one node, the across-nodes "
+                 "table otherwise")
+      ->check(CLI::IsMember({"auto", "shm", "mpi", "group", "nccl"}))
+      ->capture_default_str();
+  app.add_option("--device", a.device, "nccl: CUDA device of this rank (default: local rank modulo the devices)");
   app.add_option("--staging-bytes", a.staging_bytes, "kft config::staging_bytes (0: kft's default)");
   app.add_option("--small-bytes", a.small_bytes, "kft config::small_bytes (0: kft's default)");
   try {
@@ -295,7 +259,7 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
     a.step_bytes = parse_size(i);
     a.latency_max = parse_size(lm);
     a.types = parse_types(d);
-    if constexpr (kHasOp) a.ops = parse_ops(o);
+    if constexpr (C::has_op) a.ops = parse_ops(o);
     a.algorithm = parse_algo(al);
   } catch (const std::exception& ex) {
     return bad(ex.what());
@@ -309,18 +273,20 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   if (a.warmup < 0 || a.check < 0) return bad("-w and -c must be >= 0");
   if (a.average < 0 || a.average > 3) return bad("-a must be 0, 1, 2 or 3");
   if (nthreads != 1 || ngpus != 1 || agg != 1) return bad("-t, -g and -m must be 1: kft runs one rank per process");
+  if (a.zero_copy && a.backend != "shm" && a.backend != "auto") return bad("--zero-copy needs --backend shm");
   if (a.latency_iters < 1) return bad("--latency-iters must be >= 1");
-  if constexpr (kHasRoot) {
+  if constexpr (C::has_root) {
     a.all_roots = a.root == -1;
     if (a.root < -1) return bad("-r must be a rank or -1");
   } else {
     a.root = 0;
   }
-  if constexpr (kColl != coll::allreduce) {
+  if constexpr (C::kind != coll::allreduce) {
     if (a.latency) return bad("--latency is measured by allreduce_perf");
     if (app.count("--peers") > 0 && a.peers) return bad("--peers is measured by allreduce_perf");
     a.peers = false;
   }
+  if (a.backend == "nccl" && a.latency) return bad("--latency compares host allreduces (not --backend nccl)");
   return std::nullopt;
 }
 
@@ -615,15 +581,85 @@ class unbound_scope {
   bool active_ = false;
 };
 
+// What a collective's `verify` works with: this rank's place, the expected values, and host
+// views of the send and receive buffers (the buffers themselves for host backends; copies,
+// moved to and from the device, for NCCL). Nothing here is timed.
+// Bytes of each of the two buffers: the largest row of any type (recv also holds the in-place
+// input), at least 64, at least --latency-max.
+template <class C>
+std::size_t buffer_bytes(const settings& a, int n) {
+  std::size_t bytes = 64;
+  for (auto t : a.types)
+    for (std::size_t size = a.min_bytes; size <= a.max_bytes;) {
+      bytes = std::max(bytes, C::shape_of(size, kft::size_of(t), n).size());
+      if (!next_size(a, size)) break;
+    }
+  if (a.latency) bytes = std::max(bytes, a.latency_max);
+  return bytes;
+}
+
+template <class T>
+struct check_ctx {
+  backend& be;
+  control& ctl;
+  int me, p, root;
+  std::size_t cnt;           // the call's count
+  std::size_t send_bytes, recv_bytes;
+  const pattern& pt;
+  double tol;
+  void* send;                // the backend's buffers
+  void* recv;
+  unsigned char* hs;         // their host views
+  unsigned char* hr;
+  std::function<void(const void*, void*)> call;  // the collective, on the backend's buffers
+  std::function<std::pair<const void*, void*>()> in_place;  // where its in-place form reads and writes
+  std::int64_t changed = 0;  // input elements an out-of-place call changed
+
+  T mine(std::size_t i) const { return elem<T>::make(pt.at(me, i)); }
+  T reduced(std::size_t i) const { return expected_reduced<T>(pt, i); }
+  T rooted(std::size_t i) const { return elem<T>::make(pt.at(root, i)); }
+  T gathered(std::size_t i) const { return elem<T>::make(pt.at(static_cast<int>(i / cnt), i % cnt)); }
+
+  template <class F>
+  void fill_send(std::size_t n, F&& f) {
+    fill<T>(hs, n, f);
+    if (be.device()) be.to_device(send, hs, n * sizeof(T));
+  }
+  void clear_recv() { std::memset(hr, 0xff, recv_bytes); }
+  template <class F>
+  void fill_recv(std::size_t offset, std::size_t n, F&& f) {
+    fill<T>(hr + offset * sizeof(T), n, f);
+  }
+  void upload_recv() {
+    if (be.device()) be.to_device(recv, hr, recv_bytes);
+  }
+  void run_out_of_place() { call(send, recv); }
+  void run_in_place() {
+    const auto [in, out] = in_place();
+    call(in, out);
+  }
+  template <class F>
+  std::int64_t recv_wrong(std::size_t offset, std::size_t n, double tolerance, F&& f) {
+    if (be.device()) be.to_host(hr, recv, recv_bytes);
+    return count_wrong<T>(hr + offset * sizeof(T), n, tolerance, f);
+  }
+  template <class F>
+  std::int64_t send_changed(std::size_t n, F&& f) {
+    if (be.device()) be.to_host(hs, send, n * sizeof(T));
+    return count_wrong<T>(hs, n, 0, f);
+  }
+};
+
+template <class C>
 class bench {
  public:
-  bench(const settings& s, control& ctl, std::shared_ptr<kft::rendezvous::store> store, int rank, int nranks)
-      : a_(s), ctl_(ctl), store_(std::move(store)), me_(rank), n_(nranks) {}
+  bench(const settings& s, control& ctl, backend& be, int rank, int nranks)
+      : a_(s), ctl_(ctl), be_(be), me_(rank), n_(nranks) {}
 
   int run();
 
  private:
-  bool next_size(std::size_t& size) const { return ::next_size(a_, size); }
+  bool next_size(std::size_t& size) const { return kft_bench::next_size(a_, size); }
 
   // -- combining the ranks' numbers (the control plane: MPI or kft's own, see `control`)
   double combine(double v) const {
@@ -652,6 +688,7 @@ class bench {
     const long f0 = minor_faults();
     const auto t0 = clk::now();
     for (int i = 0; i < iters; ++i) call();
+    be_.flush();  // a device backend's calls are enqueued: their end is part of the time
     const double sec = seconds_since(t0) / iters;
     const double flt = static_cast<double>(minor_faults() - f0) / iters;
     return {combine(sec), max_all(flt)};
@@ -666,6 +703,7 @@ class bench {
     for (auto& x : t) {
       const auto t0 = clk::now();
       call();
+      be_.flush();
       x = seconds_since(t0);
     }
     ctl_.reduce(t.data(), t.size(), kft::op_kind::max);
@@ -687,22 +725,12 @@ class bench {
     return {time_calls(0, iters, call), iters};
   }
 
-  void collective(const void* in, void* out, std::size_t count, kft::dtype t, [[maybe_unused]] kft::op_kind op,
-                  [[maybe_unused]] int root, const kft::options* o = nullptr) {
-    const kft::options& opt = o ? *o : opts_;
-    if constexpr (kColl == coll::allreduce) comm_->allreduce(in, out, count, t, op, opt);
-    else if constexpr (kColl == coll::broadcast) comm_->broadcast(in, out, count, t, root, opt);
-    else if constexpr (kColl == coll::reduce_scatter) comm_->reduce_scatter(in, out, count, t, op, opt);
-    else comm_->allgather(in, out, count, t, opt);
+  void collective(const void* in, void* out, std::size_t count, kft::dtype t, kft::op_kind op, int root,
+                  const kft::options* o = nullptr) {
+    C::run(be_, in, out, count, t, op, root, o ? *o : opts_);
   }
-
-  // Where the in-place form of the collective reads and writes (nccl-tests' in-place offsets).
   std::pair<const void*, void*> in_place_buffers(const shape& sh, std::size_t es) const {
-    unsigned char* base = static_cast<unsigned char*>(recv_);
-    const std::size_t mine = static_cast<std::size_t>(me_) * sh.count * es;
-    if constexpr (kColl == coll::reduce_scatter) return {base, base + mine};
-    else if constexpr (kColl == coll::allgather) return {base + mine, base};
-    else return {base, base};
+    return C::in_place(static_cast<unsigned char*>(recv_), sh.count, es, me_);
   }
 
   template <class T>
@@ -724,14 +752,13 @@ class bench {
 
   const settings& a_;
   control& ctl_;
-  std::shared_ptr<kft::rendezvous::store> store_;
+  backend& be_;
   int me_, n_;
   kft::options opts_;
-  std::unique_ptr<kft::shm::communicator> comm_;
   void* send_ = nullptr;
   void* recv_ = nullptr;
+  std::vector<unsigned char> host_send_, host_recv_;  // host views of device buffers
   std::size_t buf_bytes_ = 0;
-  bool own_buffers_ = false;
 
   std::int64_t errors_ = 0, input_changed_ = 0;
   double bw_sum_ = 0;
@@ -752,7 +779,7 @@ class bench {
     std::string type, op;
     std::size_t size;
     kft::algo chosen;
-    double busbw[3];  // auto, one_shot, two_shot
+    std::vector<double> busbw;  // auto, then each forced algorithm
   };
   std::vector<algo_row> algo_rows_;
   void print_algos();
@@ -760,65 +787,36 @@ class bench {
   std::string start_time_;
 
   std::vector<std::string> argv_;
-  kft::shm::config cfg_;
+  const kft::shm::config* shm_cfg_ = nullptr;  // the shm backend's settings (header, json)
 
  public:
   void set_args(int argc, char** argv) { argv_.assign(argv, argv + argc); }
 };
 
+template <class C>
 template <class T>
-std::int64_t bench::verify(const shape& sh, kft::dtype t, kft::op_kind op, int root, bool in_place,
-                           std::int64_t& changed) {
-  constexpr std::size_t es = sizeof(T);
+std::int64_t bench<C>::verify(const shape& sh, kft::dtype t, kft::op_kind op, int root, bool in_place,
+                              std::int64_t& changed) {
   const pattern pt(t, op, n_);
-  const double tol = tolerance(t, op);
-  const std::size_t cnt = sh.count, all = cnt * static_cast<std::size_t>(n_);
-  const std::size_t my_off = static_cast<std::size_t>(me_) * cnt;
-  auto mine = [&](std::size_t i) { return elem<T>::make(pt.at(me_, i)); };
-  auto reduced = [&](std::size_t i) { return expected_reduced<T>(pt, i); };
-  auto rooted = [&](std::size_t i) { return elem<T>::make(pt.at(root, i)); };
-  auto gathered = [&](std::size_t i) { return elem<T>::make(pt.at(static_cast<int>(i / cnt), i % cnt)); };
-
+  unsigned char* hs = be_.device() ? host_send_.data() : static_cast<unsigned char*>(send_);
+  unsigned char* hr = be_.device() ? host_recv_.data() : static_cast<unsigned char*>(recv_);
+  check_ctx<T> v{be_, ctl_, me_, n_, root, sh.count, sh.send_bytes, sh.recv_bytes, pt, tolerance(t, op), send_, recv_, hs,
+                 hr,
+                 [&](const void* in, void* out) {
+                   collective(in, out, sh.count, t, op, root);
+                   be_.flush();
+                 },
+                 [&] { return in_place_buffers(sh, sizeof(T)); }};
   // Peers may still be reading this rank's buffers from the previous call (zero-copy).
   ctl_.barrier();
-  std::int64_t wrong = 0;
-  unsigned char* recv = static_cast<unsigned char*>(recv_);
-  if (!in_place) {
-    const std::size_t in_n = sh.send_bytes / es;
-    fill<T>(send_, in_n, mine);
-    std::memset(recv_, 0xff, sh.recv_bytes);
-    collective(send_, recv_, cnt, t, op, root);
-    if constexpr (kColl == coll::allreduce) wrong = count_wrong<T>(recv_, cnt, tol, reduced);
-    else if constexpr (kColl == coll::broadcast) wrong = count_wrong<T>(recv_, cnt, 0, rooted);
-    else if constexpr (kColl == coll::reduce_scatter)
-      wrong = count_wrong<T>(recv_, cnt, tol, [&](std::size_t j) { return reduced(my_off + j); });
-    else wrong = count_wrong<T>(recv_, all, 0, gathered);
-    changed += count_wrong<T>(send_, in_n, 0, mine);
-  } else {
-    const auto [in, out] = in_place_buffers(sh, es);
-    if constexpr (kColl == coll::allreduce) {
-      fill<T>(recv_, cnt, mine);
-    } else if constexpr (kColl == coll::broadcast) {
-      if (me_ == root) fill<T>(recv_, cnt, rooted);
-      else std::memset(recv_, 0xff, sh.recv_bytes);
-    } else if constexpr (kColl == coll::reduce_scatter) {
-      fill<T>(recv_, all, mine);
-    } else {
-      std::memset(recv_, 0xff, sh.recv_bytes);
-      fill<T>(recv + my_off * es, cnt, mine);
-    }
-    collective(in, out, cnt, t, op, root);
-    if constexpr (kColl == coll::allreduce) wrong = count_wrong<T>(recv_, cnt, tol, reduced);
-    else if constexpr (kColl == coll::broadcast) wrong = count_wrong<T>(recv_, cnt, 0, rooted);
-    else if constexpr (kColl == coll::reduce_scatter)
-      wrong = count_wrong<T>(recv + my_off * es, cnt, tol, [&](std::size_t j) { return reduced(my_off + j); });
-    else wrong = count_wrong<T>(recv_, all, 0, gathered);
-  }
+  const std::int64_t wrong = C::template verify<T>(v, in_place);
+  changed += v.changed;
   return wrong;
 }
 
+template <class C>
 template <class T>
-void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
+void bench<C>::run_rows(kft::dtype t, kft::op_kind op, int root) {
   constexpr std::size_t es = sizeof(T);
   const bool first_combo = algos_.empty();
   // nccl-tests' TimeTest: warm up at the largest and at the smallest size before the first row.
@@ -826,16 +824,16 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
   while (next_size(last)) {  // the largest size of the sweep
   }
   for (std::size_t size : {last, a_.min_bytes}) {
-    const shape sh = shape_of(size, es, n_);
+    const shape sh = C::shape_of(size, es, n_);
     for (int w = 0; w < a_.warmup; ++w) collective(send_, recv_, sh.count, t, op, root);
   }
   for (std::size_t size = a_.min_bytes; size <= a_.max_bytes;) {
-    const shape sh = shape_of(size, es, n_);
-    const kft::algo chosen = a_.algorithm == kft::algo::automatic ? comm_->choose(kCollName, sh.send_bytes, a_.zero_copy) : a_.algorithm;
+    const shape sh = C::shape_of(size, es, n_);
+    const kft::algo chosen = a_.algorithm == kft::algo::automatic ? be_.choose(C::op, sh.send_bytes, a_.zero_copy) : a_.algorithm;
     if (first_combo) algos_.emplace_back(sh.size(), chosen);
     const std::string type_name(kft::nccl_name(t));
-    const std::string op_name = kHasOp ? std::string(kft::name(op)) : "none";
-    const int root_col = kHasRoot ? root : -1;
+    const std::string op_name = C::has_op ? std::string(kft::name(op)) : "none";
+    const int root_col = C::has_root ? root : -1;
     if (me_ == 0) {
       std::printf("%12zu  %12zu  %8s  %6s  %6s", sh.size(), sh.count, type_name.c_str(), op_name.c_str(),
                   root_str(root_col).c_str());
@@ -863,7 +861,7 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
       if (a_.p50) st = time_each(0, a_.iters, call);
       worst_minflt_ = std::max(worst_minflt_, tm.minflt);
       const double algbw = tm.sec > 0 ? static_cast<double>(sh.alg_bytes) / 1e9 / tm.sec : 0;
-      const double busbw = algbw * bus_factor(n_);
+      const double busbw = algbw * C::bus_factor(n_);
       bw_sum_ += busbw;
       ++bw_count_;
       if (me_ == 0) {
@@ -887,16 +885,16 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
       std::fflush(stdout);
     }
     if (a_.algos) {  // the forced algorithms, out-of-place, right after this row
-      algo_row ar{type_name, op_name, sh.size(), chosen, {row["out_of_place"]["bus_bw"].get<double>(), 0, 0}};
+      algo_row ar{type_name, op_name, sh.size(), chosen, {row["out_of_place"]["bus_bw"].get<double>()}};
       json forced = json::object();
-      for (kft::algo f : {kft::algo::one_shot, kft::algo::two_shot}) {
+      for (kft::algo f : be_.forced(C::op)) {
         kft::options o = opts_;
         o.algorithm = f;
         ctl_.barrier();
         const timing tm = time_calls(a_.warmup, a_.iters, [&] { collective(send_, recv_, sh.count, t, op, root, &o); });
         const double algbw = tm.sec > 0 ? static_cast<double>(sh.alg_bytes) / 1e9 / tm.sec : 0;
-        ar.busbw[static_cast<int>(f)] = algbw * bus_factor(n_);
-        forced[std::string(kft::name(f))] = {{"time", tm.sec * 1e6}, {"alg_bw", algbw}, {"bus_bw", algbw * bus_factor(n_)}};
+        ar.busbw.push_back(algbw * C::bus_factor(n_));
+        forced[std::string(kft::name(f))] = {{"time", tm.sec * 1e6}, {"alg_bw", algbw}, {"bus_bw", algbw * C::bus_factor(n_)}};
       }
       row["out_of_place_forced"] = std::move(forced);
       algo_rows_.push_back(ar);
@@ -906,7 +904,7 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
     row["algorithm_requested"] = std::string(kft::name(a_.algorithm));
     row["zero_copy"] = a_.zero_copy;
     rows_.push_back(std::move(row));
-    if (kColl == coll::allreduce && t == kft::dtype::f32 && op == kft::op_kind::sum) {
+    if (C::kind == coll::allreduce && t == kft::dtype::f32 && op == kft::op_kind::sum) {
       float_sum_rows_.push_back({sh.size(), sh.count, std::string(kft::name(chosen)), oop_us, oop_busbw, rows_.size() - 1});
       if (peers_on_) peers_after_row(float_sum_rows_.size() - 1);
     }
@@ -914,26 +912,31 @@ void bench::run_rows(kft::dtype t, kft::op_kind op, int root) {
   }
 }
 
-void bench::print_header() {
+template <class C>
+void bench<C>::print_header() {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   char line[512];
-  std::snprintf(line, sizeof line, "#  Rank %2d Group %2d Pid %6d on %10s device %2d [cpu %d] kft shm\n", me_, 0,
-                static_cast<int>(::getpid()), host, -1, ::sched_getcpu());
+  std::snprintf(line, sizeof line, "#  Rank %2d Group %2d Pid %6d on %10s device %2d [cpu %d] kft %s\n", me_, 0,
+                static_cast<int>(::getpid()), host, -1, ::sched_getcpu(), be_.name().c_str());
   std::vector<char> lines(sizeof line * static_cast<std::size_t>(n_));
   ctl_.gather(line, sizeof line, lines.data());
   if (me_ != 0) return;
-  const auto& cfg = cfg_;
-  std::printf("# kft %s collective_perf (shared-memory transport, nccl-tests format)\n", KFT_VERSION_STRING);
-  std::printf("# Collective test starting: %s\n", nccl_test_name());
+  if (shm_cfg_) std::printf("# kft %s collective_perf (shared-memory transport, nccl-tests format)\n", KFT_VERSION_STRING);
+  else std::printf("# kft %s collective_perf (%s, nccl-tests format)\n", KFT_VERSION_STRING, be_.describe().c_str());
+  std::printf("# Collective test starting: %s\n", C::nccl_name);
   std::printf("# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d agg iters: 1 "
               "validation: %d graph: 0\n",
               a_.min_bytes, a_.max_bytes, a_.step_factor > 1 ? a_.step_factor : a_.step_bytes,
               a_.step_factor > 1 ? "factor" : "bytes", a_.warmup, a_.iters, a_.check);
   const char* avg_names[] = {"rank 0's", "the ranks' mean", "the fastest rank's", "the slowest rank's"};
-  std::printf("# kft: %d ranks, algo %s, zero-copy %s, staging %zu B, one-shot slot %zu B, time = %s average call (-a %d)\n",
-              n_, std::string(kft::name(a_.algorithm)).c_str(), a_.zero_copy ? "on" : "off", cfg.staging_bytes,
-              cfg.small_bytes, avg_names[a_.average], a_.average);
+  if (shm_cfg_)
+    std::printf("# kft: %d ranks, algo %s, zero-copy %s, staging %zu B, one-shot slot %zu B, time = %s average call (-a %d)\n",
+                n_, std::string(kft::name(a_.algorithm)).c_str(), a_.zero_copy ? "on" : "off", shm_cfg_->staging_bytes,
+                shm_cfg_->small_bytes, avg_names[a_.average], a_.average);
+  else
+    std::printf("# kft: %d ranks, backend %s, algo %s, time = %s average call (-a %d)\n", n_, be_.name().c_str(),
+                std::string(kft::name(a_.algorithm)).c_str(), avg_names[a_.average], a_.average);
   std::printf("# buffers: one send and one receive buffer of %zu B, touched before timing and reused by every size and "
               "call (not rotated)\n",
               buf_bytes_);
@@ -957,14 +960,15 @@ void bench::print_header() {
   std::fflush(stdout);
 }
 
-void bench::print_footer() {
+template <class C>
+void bench<C>::print_footer() {
   if (me_ != 0) return;
   const double avg = bw_count_ ? bw_sum_ / bw_count_ : 0;
   const int errs = static_cast<int>(std::min<std::int64_t>(errors_, INT_MAX));
   std::printf("# %-20s : %d %s\n", "Out of bounds values", errs, errs ? "FAILED" : "OK");
   std::printf("# %-20s : %g %s\n", "Avg bus bandwidth", avg, "");
   std::printf("#\n");
-  std::printf("# Collective test concluded: %s\n", nccl_test_name());
+  std::printf("# Collective test concluded: %s\n", C::nccl_name);
   std::printf("#\n");
   if (input_changed_)
     std::printf("# kft: out-of-place calls changed %lld input elements (counted in #wrong)\n",
@@ -987,22 +991,28 @@ void bench::print_footer() {
   std::fflush(stdout);
 }
 
-void bench::print_algos() {
+template <class C>
+void bench<C>::print_algos() {
   if (me_ != 0 || algo_rows_.empty()) return;
+  const auto forced = be_.forced(C::op);
   std::printf("#\n# kft algorithms in the same run: out-of-place busbw (GB/s), forced algorithms timed right after each row\n");
-  std::printf("# %10s  %8s  %6s  %8s  %8s  %8s  %8s  %9s\n", "size", "type", "redop", "auto", "auto", "one_shot",
-              "two_shot", "auto/best");
-  std::printf("# %10s  %8s  %6s  %8s  %8s  %8s  %8s  %9s\n", "(B)", "", "", "chose", "(GB/s)", "(GB/s)", "(GB/s)", "");
+  std::printf("# %10s  %8s  %6s  %8s  %8s", "size", "type", "redop", "auto", "auto");
+  for (auto f : forced) std::printf("  %8s", std::string(kft::name(f)).c_str());
+  std::printf("  %9s\n# %10s  %8s  %6s  %8s  %8s", "auto/best", "(B)", "", "", "chose", "(GB/s)");
+  for (std::size_t k = 0; k < forced.size(); ++k) std::printf("  %8s", "(GB/s)");
+  std::printf("  %9s\n", "");
   for (const auto& r : algo_rows_) {
-    const double best = std::max(r.busbw[1], r.busbw[2]);
-    std::printf("# %10zu  %8s  %6s  %8s  %8.2f  %8.2f  %8.2f  %9.2f\n", r.size, r.type.c_str(), r.op.c_str(),
-                std::string(kft::name(r.chosen)).c_str(), r.busbw[0], r.busbw[1], r.busbw[2], best > 0 ? r.busbw[0] / best : 0.0);
+    double best = 0;
+    for (std::size_t k = 1; k < r.busbw.size(); ++k) best = std::max(best, r.busbw[k]);
+    std::printf("# %10zu  %8s  %6s  %8s  %8.2f", r.size, r.type.c_str(), r.op.c_str(), std::string(kft::name(r.chosen)).c_str(),
+                r.busbw[0]);
+    for (std::size_t k = 1; k < r.busbw.size(); ++k) std::printf("  %8.2f", r.busbw[k]);
+    std::printf("  %9.2f\n", best > 0 ? r.busbw[0] / best : 0.0);
   }
   std::fflush(stdout);
 }
 
-namespace {
-peer_point point_of(const std::pair<timing, int>& r, std::size_t bytes, double factor) {
+inline peer_point point_of(const std::pair<timing, int>& r, std::size_t bytes, double factor) {
   peer_point p;
   p.time_us = r.first.sec * 1e6;
   p.algbw = r.first.sec > 0 ? static_cast<double>(bytes) / 1e9 / r.first.sec : 0;
@@ -1012,10 +1022,10 @@ peer_point point_of(const std::pair<timing, int>& r, std::size_t bytes, double f
   p.valid = true;
   return p;
 }
-}  // namespace
 
 // MPI_Allreduce as configured, every size, before anything changes malloc's settings.
-void bench::measure_mpi_default() {
+template <class C>
+void bench<C>::measure_mpi_default() {
   auto* fin = static_cast<const float*>(send_);
   auto* fout = static_cast<float*>(recv_);
   // Warm-up at the largest and the smallest size, as before kft's rows.
@@ -1023,23 +1033,24 @@ void bench::measure_mpi_default() {
   while (next_size(last)) {  // the largest size of the sweep
   }
   for (std::size_t size : {last, a_.min_bytes}) {
-    const std::size_t cnt = shape_of(size, sizeof(float), n_).count;
+    const std::size_t cnt = C::shape_of(size, sizeof(float), n_).count;
     if (cnt == 0 || cnt > static_cast<std::size_t>(INT_MAX)) continue;
     for (int w = 0; w < std::max(1, a_.warmup); ++w)
       MPI_Allreduce(fin, fout, static_cast<int>(cnt), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   }
   for (std::size_t size = a_.min_bytes; size <= a_.max_bytes;) {
-    const shape sh = shape_of(size, sizeof(float), n_);
+    const shape sh = C::shape_of(size, sizeof(float), n_);
     if (sh.count > 0 && sh.count <= static_cast<std::size_t>(INT_MAX)) {
       const int c = static_cast<int>(sh.count);
       mpi_def_.emplace_back(sh.count, point_of(time_budgeted([&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }),
-                                               sh.count * sizeof(float), bus_factor(n_)));
+                                               sh.count * sizeof(float), C::bus_factor(n_)));
     }
     if (!next_size(size)) break;
   }
 }
 
-void bench::peers_before() {
+template <class C>
+void bench<C>::peers_before() {
   if (!peers_on_) return;
   if (ctl_.mpi()) measure_mpi_default();
   else mpi_note_ = "n/a: not started by an MPI launcher (run it under mpirun to measure MPI_Allreduce)";
@@ -1065,10 +1076,11 @@ void bench::peers_before() {
 #endif
 }
 
-void bench::peers_after_row(std::size_t idx) {
+template <class C>
+void bench<C>::peers_after_row(std::size_t idx) {
   const auto& r = float_sum_rows_[idx];
   const std::size_t bytes = r.count * sizeof(float);
-  const double factor = bus_factor(n_);
+  const double factor = C::bus_factor(n_);
   auto* fin = static_cast<const float*>(send_);
   auto* fout = static_cast<float*>(recv_);
   peer_point mc, tuned, gl;
@@ -1113,7 +1125,8 @@ void bench::peers_after_row(std::size_t idx) {
   gl_.push_back(gl);
 }
 
-void bench::print_peers() {
+template <class C>
+void bench<C>::print_peers() {
   if (me_ != 0 || !a_.peers) return;
   if (!peers_on_) {
     std::printf("#\n# peers: measured for float sum only; this run has no float sum rows (-d float -o sum)\n");
@@ -1185,7 +1198,8 @@ void bench::print_peers() {
   if (!mpi_note_.empty()) doc_["peers"]["mpi_default"] = doc_["peers"]["mpi_tuned"] = mpi_note_;
 }
 
-void bench::run_latency() {
+template <class C>
+void bench<C>::run_latency() {
   if (!a_.latency) return;
   std::vector<std::size_t> sizes{8};
   for (const auto& r : float_sum_rows_)
@@ -1204,9 +1218,9 @@ void bench::run_latency() {
   }
   for (std::size_t size : sizes) {
     const std::size_t cnt = size / sizeof(float);
-    const kft::algo chosen = a_.algorithm == kft::algo::automatic ? comm_->choose("allreduce", cnt * sizeof(float), a_.zero_copy) : a_.algorithm;
+    const kft::algo chosen = a_.algorithm == kft::algo::automatic ? be_.choose(kft::collective::allreduce, cnt * sizeof(float), a_.zero_copy) : a_.algorithm;
     ctl_.barrier();
-    const iter_stats k = time_each(warm, a_.latency_iters, [&] { comm_->allreduce(fin, fout, cnt, kft::dtype::f32, kft::op_kind::sum, opts_); });
+    const iter_stats k = time_each(warm, a_.latency_iters, [&] { be_.allreduce(fin, fout, cnt, kft::dtype::f32, kft::op_kind::sum, opts_); });
     const int c = static_cast<int>(cnt);
     iter_stats m{};
     if (ctl_.mpi()) m = time_each(warm, a_.latency_iters, [&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); });
@@ -1225,9 +1239,9 @@ void bench::run_latency() {
   }
 }
 
-void bench::write_json() {
+template <class C>
+void bench<C>::write_json() {
   if (me_ != 0 || a_.json_path.empty()) return;
-  const auto& cfg = cfg_;
   doc_["version"] = 2;
   doc_["start_time"] = start_time_;
   doc_["args"] = argv_;
@@ -1239,13 +1253,16 @@ void bench::write_json() {
                  {"aggregated_iterations", 1},
                  {"validation", a_.check},
                  {"average_mode", a_.average},
-                 {"collective", std::string(kCollName)},
+                 {"collective", std::string(C::kft_name)},
                  {"kft", {{"version", KFT_VERSION_STRING},
+                          {"backend", be_.name()},
                           {"algorithm", std::string(kft::name(a_.algorithm))},
-                          {"zero_copy", a_.zero_copy},
-                          {"staging_bytes", cfg.staging_bytes},
-                          {"small_bytes", cfg.small_bytes},
-                          {"pool_bytes", cfg.pool_bytes}}}};
+                          {"zero_copy", a_.zero_copy}}}};
+  if (shm_cfg_) {
+    config["kft"]["staging_bytes"] = shm_cfg_->staging_bytes;
+    config["kft"]["small_bytes"] = shm_cfg_->small_bytes;
+    config["kft"]["pool_bytes"] = shm_cfg_->pool_bytes;
+  }
   if (a_.step_factor > 1) config["step_factor"] = a_.step_factor;
   else config["step_bytes"] = a_.step_bytes;
   doc_["config"] = std::move(config);
@@ -1256,47 +1273,31 @@ void bench::write_json() {
   doc_["end_time"] = now_str();
   std::ofstream out(a_.json_path);
   out << doc_.dump(1) << "\n";
-  if (!out) std::fprintf(stderr, "collective_perf: could not write %s\n", a_.json_path.c_str());
+  if (!out) std::fprintf(stderr, "kft bench: could not write %s\n", a_.json_path.c_str());
   else std::printf("# wrote %s\n", a_.json_path.c_str());
 }
 
-int bench::run() {
+template <class C>
+int bench<C>::run() {
   start_time_ = now_str();
   if (a_.timeout_s > 0) opts_.timeout = std::chrono::seconds(a_.timeout_s);
   opts_.algorithm = a_.algorithm;
 
-  // Buffers for the largest row of any type: recv must also hold the in-place input.
-  for (auto t : a_.types)
-    for (std::size_t size = a_.min_bytes; size <= a_.max_bytes;) {
-      const shape sh = shape_of(size, kft::size_of(t), n_);
-      buf_bytes_ = std::max(buf_bytes_, sh.size());
-      if (!next_size(size)) break;
-    }
-  buf_bytes_ = std::max<std::size_t>(buf_bytes_, 64);
-  if (a_.latency) buf_bytes_ = std::max(buf_bytes_, a_.latency_max);
+  buf_bytes_ = buffer_bytes<C>(a_, n_);
   const std::size_t rounded = (buf_bytes_ + 4095) / 4096 * 4096;
 
-  kft::shm::config cfg;
-  cfg.name = "bench";
-  if (a_.staging_bytes) cfg.staging_bytes = a_.staging_bytes;
-  if (a_.small_bytes) cfg.small_bytes = a_.small_bytes;
-  if (a_.timeout_s > 0) cfg.timeout = std::chrono::seconds(a_.timeout_s);
-  if (a_.zero_copy) cfg.pool_bytes = 2 * rounded + 4096;
-  cfg_ = cfg;
-  comm_ = std::make_unique<kft::shm::communicator>(store_, me_, n_, cfg);
-  if (a_.zero_copy) {
-    send_ = comm_->allocate_bytes(rounded);
-    recv_ = comm_->allocate_bytes(rounded);
+  if (auto* shm = dynamic_cast<shm_backend*>(&be_)) shm_cfg_ = &shm->configuration();
+  send_ = be_.alloc(rounded, a_.zero_copy);
+  recv_ = be_.alloc(rounded, a_.zero_copy);
+  if (be_.device()) {
+    host_send_.assign(rounded, 0);
+    host_recv_.assign(rounded, 0);
   } else {
-    send_ = std::aligned_alloc(4096, rounded);
-    recv_ = std::aligned_alloc(4096, rounded);
-    if (!send_ || !recv_) throw std::bad_alloc();
-    own_buffers_ = true;
+    std::memset(send_, 0, rounded);  // first touch: no page faults while timing
+    std::memset(recv_, 0, rounded);
   }
-  std::memset(send_, 0, rounded);  // first touch: no page faults while timing
-  std::memset(recv_, 0, rounded);
 
-  peers_on_ = a_.peers && kColl == coll::allreduce &&
+  peers_on_ = a_.peers && C::kind == coll::allreduce && !be_.device() &&
               std::find(a_.types.begin(), a_.types.end(), kft::dtype::f32) != a_.types.end() &&
               std::find(a_.ops.begin(), a_.ops.end(), kft::op_kind::sum) != a_.ops.end();
   peers_before();
@@ -1304,7 +1305,7 @@ int bench::run() {
   for (auto t : a_.types)
     for (auto op : a_.ops) {
       const int r0 = a_.all_roots ? 0 : a_.root, r1 = a_.all_roots ? n_ - 1 : a_.root;
-      if (kHasRoot && (r0 < 0 || r1 >= n_))
+      if (C::has_root && (r0 < 0 || r1 >= n_))
         throw std::invalid_argument("root " + std::to_string(a_.root) + " is not a rank (" + std::to_string(n_) + " ranks)");
       for (int root = r0; root <= r1; ++root) switch (t) {
           case kft::dtype::f32: run_rows<float>(t, op, root); break;
@@ -1324,11 +1325,8 @@ int bench::run() {
   if (me_ == 0) std::printf("\n");
 
   ctl_.barrier();  // nobody still reads a peer's zero-copy buffer
-  comm_.reset();
-  if (own_buffers_) {
-    std::free(send_);
-    std::free(recv_);
-  }
+  be_.release(send_);
+  be_.release(recv_);
   return errors_ ? 1 : 0;
 }
 
@@ -1344,15 +1342,57 @@ launch launch_of(const kft::environment& env) {
   return mpi_vars ? launch::mpi : launch::single;
 }
 
+// The communicator measured, made from --backend. `store` reaches this node's ranks.
+inline std::unique_ptr<backend> make_backend(const settings& s, const std::string& which,
+                                             std::shared_ptr<kft::rendezvous::store> store, launch how, int rank,
+                                             int nranks, int local_rank, std::size_t buffer) {
+  const auto timeout = s.timeout_s > 0 ? std::chrono::milliseconds(std::chrono::seconds(s.timeout_s))
+                                       : std::chrono::milliseconds(0);
+  if (which == "shm") {
+    kft::shm::config cfg;
+    cfg.name = "bench";
+    if (s.staging_bytes) cfg.staging_bytes = s.staging_bytes;
+    if (s.small_bytes) cfg.small_bytes = s.small_bytes;
+    if (timeout.count() > 0) cfg.timeout = timeout;
+    if (s.zero_copy) cfg.pool_bytes = 2 * ((buffer + 4095) / 4096 * 4096) + 4096;
+    return std::make_unique<shm_backend>(std::make_unique<kft::shm::communicator>(std::move(store), rank, nranks, cfg));
+  }
+  if (which == "nccl") {
+#if KFT_WITH_NCCL
+    int devices = 0;
+    kft::detail::cuda_check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount", kft::error_site::of("bench"));
+    const int device = s.device >= 0 ? s.device : local_rank % std::max(devices, 1);
+    kft::detail::cuda_check(cudaSetDevice(device), "cudaSetDevice", kft::error_site::of("bench"));
+    kft::nccl::config cfg;
+    cfg.name = "bench";
+    if (timeout.count() > 0) cfg.timeout = timeout;
+    return std::make_unique<nccl_backend>(std::make_unique<kft::nccl::communicator>(*store, rank, nranks, device, cfg));
+#else
+    (void)local_rank;
+    throw std::invalid_argument("--backend nccl: kft was built without NCCL (KFT_WITH_NCCL=OFF)");
+#endif
+  }
+  if (how == launch::launcher)
+    throw std::invalid_argument("--backend " + which + " needs an MPI job (mpirun, srun --mpi=pmix)");
+  if (which == "mpi") {
+    kft::mpi::config cfg;
+    if (timeout.count() > 0) cfg.timeout = timeout;
+    return std::make_unique<mpi_backend>(std::make_unique<kft::mpi::communicator>(MPI_COMM_WORLD, cfg));
+  }
+  return std::make_unique<group_backend>(kft::group::mpi_group());
+}
+
+template <class C>
 int run_main(int argc, char** argv, launch how) {
   const auto env = kft::environment::process();
-  int rank = 0, nranks = 1, local_size = 1;
+  int rank = 0, nranks = 1, local_size = 1, local_rank = 0;
   std::optional<kft::world_info> world;
   if (how == launch::launcher) {
     world = kft::discover(env);
     rank = world->rank;
     nranks = world->world_size;
     local_size = world->local_size.value_or(nranks);
+    local_rank = world->local_rank.value_or(rank);
   } else {
     kft::discovery::verify_mpi_world(env);  // N singletons of a mismatched launcher: refuse
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -1360,15 +1400,18 @@ int run_main(int argc, char** argv, launch how) {
     MPI_Comm local = MPI_COMM_NULL;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
     MPI_Comm_size(local, &local_size);
+    MPI_Comm_rank(local, &local_rank);
     MPI_Comm_free(&local);
   }
   settings s;
-  if (auto rc = parse_flags(argc, argv, rank, s)) return *rc;
+  if (auto rc = parse_flags<C>(argc, argv, rank, s)) return *rc;
 
   // Across nodes (host names differ, or KFT_HOST_ID splits this machine), or --algo flat or
-  // hierarchical: kft::mpi::world against MPI_Allreduce (bench/multinode.hpp).
+  // hierarchical, with no backend named: kft's flat and hierarchical allreduce against
+  // MPI_Allreduce in one table (bench/multinode.hpp).
   const bool spans_nodes = local_size != nranks || env.has("KFT_HOST_ID");
-  if (spans_nodes || s.algorithm == kft::algo::flat || s.algorithm == kft::algo::hierarchical) {
+  const bool across = spans_nodes || s.algorithm == kft::algo::flat || s.algorithm == kft::algo::hierarchical;
+  if (s.backend == "auto" && across) {
     if (how == launch::launcher) {
       if (rank == 0)
         std::fprintf(stderr, "%s: across nodes (or with --algo flat/hierarchical) the bench compares kft with "
@@ -1376,39 +1419,48 @@ int run_main(int argc, char** argv, launch how) {
                              "torchrun it measures one node's shared-memory collectives\n", argv[0]);
       return 2;
     }
-    if constexpr (kColl == coll::allreduce) {
+    if constexpr (C::kind == coll::allreduce) {
       return multinode::run(s.min_bytes, [&](std::size_t& x) { return next_size(s, x); }, s.iters,
                             s.warmup, s.algorithm, s.json_path);
     } else {
       if (rank == 0)
-        std::fprintf(stderr, "%s: runs on one node only (kft's shm transport); across nodes, allreduce_perf "
-                             "compares flat and hierarchical\n", argv[0]);
+        std::fprintf(stderr, "%s: across nodes, name the communicator (--backend mpi, group or nccl); the "
+                             "flat-vs-hierarchical table is allreduce_perf's\n", argv[0]);
       return 2;
     }
   }
-  if (how == launch::launcher) {
-    auto handle = kft::rendezvous::connect_store(*world, env);
-    shm_control ctl(handle.client, rank, nranks);
-    bench b(s, ctl, handle.client, rank, nranks);
-    b.set_args(argc, argv);
-    return b.run();
+  const std::string which = s.backend == "auto" ? "shm" : s.backend;
+  if (which == "shm" && spans_nodes) {
+    if (rank == 0) std::fprintf(stderr, "%s: --backend shm runs on one node; these ranks span several\n", argv[0]);
+    return 2;
   }
-  auto handle = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
-  mpi_control ctl;
-  bench b(s, ctl, handle.client, rank, nranks);
+  // The ranks' own coordination and the store the measured communicator meets through.
+  std::unique_ptr<control> ctl;
+  kft::rendezvous::store_handle handle;
+  if (how == launch::launcher) {
+    handle = kft::rendezvous::connect_store(*world, env);
+    ctl = std::make_unique<shm_control>(handle.client, rank, nranks);
+  } else {
+    handle = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
+    ctl = std::make_unique<mpi_control>();
+  }
+  auto be = make_backend(s, which, handle.client, how, rank, nranks, local_rank, buffer_bytes<C>(s, nranks));
+  bench<C> b(s, *ctl, *be, rank, nranks);
   b.set_args(argc, argv);
-  return b.run();
+  const int rc = b.run();
+  be.reset();
+  return rc;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The program: MPI (when an MPI launcher started it), the run, and errors as exit codes.
+template <class C>
+int main_of(int argc, char** argv) {
   const launch how = launch_of(kft::environment::process());
   const bool with_mpi = how != launch::launcher;
   if (with_mpi) MPI_Init(&argc, &argv);
   int rc = 0;
   try {
-    rc = run_main(argc, argv, how);
+    rc = run_main<C>(argc, argv, how);
   } catch (const kft::config_error& e) {
     // A launcher mix-up or a malformed environment: every rank sees the same, so each exits
     // alone; the launcher's rank 0 says why.
@@ -1430,3 +1482,5 @@ int main(int argc, char** argv) {
   if (with_mpi) MPI_Finalize();
   return rc;
 }
+
+}  // namespace kft_bench

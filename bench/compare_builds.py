@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Two builds of kft, the same bench, alternating runs: did a change slow anything down?
+
+  python3 bench/compare_builds.py --before /tmp/old/build --after build-tests --runs 5 \\
+      [--ranks 2] [--nodes]  -- -b 8 -e 64M -f 4 -n 20 -w 5
+
+Runs BUILD/bench/allreduce_perf from each build in turn (before, after, before, ...) and prints,
+per size, the median out-of-place time (us) of each and after/before. --nodes runs the
+across-nodes table instead (2 "nodes" of --ranks/2 ranks each through KFT_HOST_ID) and compares
+its hierarchical and flat times. Arguments after -- go to the bench unchanged. Medians, because
+one run on a shared VM can be off by 2x; alternation, because the VM's speed drifts.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def run(build, args, extra, out):
+    exe = os.path.join(build, "bench", "allreduce_perf")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    if args.nodes:
+        half = args.ranks // 2
+        cmd = ["mpirun", "--oversubscribe", "-np", str(half), "env", "KFT_HOST_ID=a", exe, *extra, "--json", out, ":",
+               "-np", str(args.ranks - half), "env", "KFT_HOST_ID=b", exe, *extra, "--json", out]
+    else:
+        cmd = ["mpirun", "--oversubscribe", "-np", str(args.ranks), exe, "--no-peers", *extra, "--json", out]
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout)
+        raise SystemExit(f"compare_builds: {' '.join(cmd)} exited {p.returncode}")
+    with open(out) as f:
+        doc = json.load(f)
+    times = {}
+    for row in doc["results"]:
+        if args.nodes:
+            times[row["size"]] = {"hierarchical": row["hierarchical_us"], "flat": row["flat_us"]}
+        else:
+            times[row["size"]] = {"time": row["out_of_place"]["time"]}
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--before", required=True)
+    ap.add_argument("--after", required=True)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--nodes", action="store_true")
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    seen = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.runs):
+            for which in ("before", "after"):
+                seen[which].append(run(getattr(args, which), args, extra, os.path.join(tmp, f"{which}{i}.json")))
+                print(f"# run {i + 1}/{args.runs} {which} done", file=sys.stderr, flush=True)
+    columns = ["hierarchical", "flat"] if args.nodes else ["time"]
+    print(f"# allreduce_perf, {args.ranks} ranks{' on 2 nodes (KFT_HOST_ID)' if args.nodes else ''}, "
+          f"medians of {args.runs} alternating runs, time in us, after/before (< 1 = faster)")
+    head = "# %10s" % "size"
+    for c in columns:
+        head += "  %12s %12s %8s" % (c + " before", c + " after", "ratio")
+    print(head)
+    ratios = []
+    for size in sorted(seen["before"][0]):
+        line = "  %10d" % size
+        for c in columns:
+            b = statistics.median(r[size][c] for r in seen["before"])
+            a = statistics.median(r[size][c] for r in seen["after"])
+            ratios.append(a / b if b > 0 else 1.0)
+            line += "  %12.2f %12.2f %8.3f" % (b, a, a / b if b > 0 else 0.0)
+        print(line)
+    print(f"# median ratio {statistics.median(ratios):.3f}, worst {max(ratios):.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,357 @@
+/// @file kft/rendezvous/tcp_store_server.hpp
+/// @brief The TCP store's server: one thread, poll-driven, serving every client of the job
+/// (kftrun's node-0 agent or rank 0 hosts it). See tcp_store.hpp for the security and
+/// deadline rules it keeps.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <kft/rendezvous/detail/socket.hpp>
+#include <kft/rendezvous/detail/tcp_wire.hpp>
+#include <kft/rendezvous/memory_store.hpp>
+
+KFT_NAMESPACE_BEGIN
+namespace rendezvous {
+
+/// @brief The store server. Listens on construction (so "port in use" is thrown there) and
+/// serves from a background thread until destroyed.
+class tcp_store_server {
+ public:
+  struct options {
+    std::string host = "127.0.0.1";  ///< address to bind; "0.0.0.0" or "::" only if you mean it
+    int port = 0;                    ///< 0 = any free port (see port())
+    std::string token;               ///< clients must present it; must not be empty
+    /// Where refusals and protocol errors are reported (default: stderr, one line each).
+    std::function<void(const std::string&)> log;
+  };
+
+  explicit tcp_store_server(options opt) : opt_(std::move(opt)) {
+    if (opt_.token.empty())
+      throw usage_error("a TCP store needs a token (KFT_RDZV_TOKEN, or kft::random_token())",
+                        error_site::of("store listen"));
+    if (!opt_.log) opt_.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+    listen_ = detail::listen_on(opt_.host, opt_.port);
+    port_ = detail::local_port(listen_.get());
+    int pipefd[2];
+    if (::pipe2(pipefd, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw transport_error("pipe2 failed: " + detail::errno_text(errno), error_site::of("store listen"), errno);
+    wake_read_ = detail::unique_fd(pipefd[0]);
+    wake_write_ = detail::unique_fd(pipefd[1]);
+    detail::set_nonblocking(listen_.get(), true);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~tcp_store_server() {
+    stop_.store(true);
+    const char c = 'x';
+    (void)!::write(wake_write_.get(), &c, 1);
+    if (thread_.joinable()) thread_.join();
+  }
+  tcp_store_server(const tcp_store_server&) = delete;
+  tcp_store_server& operator=(const tcp_store_server&) = delete;
+
+  const std::string& host() const noexcept { return opt_.host; }
+  int port() const noexcept { return port_; }
+  std::string address() const { return detail::endpoint(opt_.host, port_); }
+  /// @brief Connections refused for a wrong token so far.
+  int refused() const noexcept { return refused_.load(); }
+  /// @brief Clients connected right now.
+  int connected() const noexcept { return connected_.load(); }
+
+  /// @brief Waits until every client has disconnected (or `timeout` passed): a process that
+  /// hosts the store calls this before it exits, so no rank loses the store mid-request.
+  /// @return true when all left in time
+  bool drain(std::chrono::milliseconds timeout) const {
+    const auto deadline = detail::clock::now() + timeout;
+    while (connected_.load() > 0) {
+      if (detail::clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  }
+
+ private:
+  struct client {
+    detail::unique_fd fd;
+    std::string peer;
+    std::string in, out;
+    bool authed = false;
+    bool closing = false;  // close once `out` is flushed
+    // A pending get/wait.
+    bool waiting = false;
+    wire::op wait_op = wire::op::get;
+    std::vector<std::string> wait_keys;
+    detail::clock::time_point deadline;
+  };
+
+  void run() {
+    std::vector<std::unique_ptr<client>> clients;
+    std::vector<pollfd> fds;
+    while (!stop_.load()) {
+      fds.clear();
+      fds.push_back({wake_read_.get(), POLLIN, 0});
+      fds.push_back({listen_.get(), POLLIN, 0});
+      auto next_deadline = detail::clock::time_point::max();
+      for (auto& c : clients) {
+        short ev = POLLIN;
+        if (!c->out.empty()) ev |= POLLOUT;
+        fds.push_back({c->fd.get(), ev, 0});
+        if (c->waiting) next_deadline = std::min(next_deadline, c->deadline);
+      }
+      int timeout_ms = 1000;
+      if (next_deadline != detail::clock::time_point::max()) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next_deadline - detail::clock::now());
+        timeout_ms = static_cast<int>(std::clamp<long long>(left.count() + 1, 0, 1000));
+      }
+      const int rc = ::poll(fds.data(), fds.size(), timeout_ms);
+      if (rc < 0 && errno != EINTR) break;
+      if (fds[1].revents & POLLIN) accept_all(clients);
+      for (std::size_t i = 0; i + 2 < fds.size() && i < clients.size(); ++i) {
+        auto& c = *clients[i];
+        const short re = fds[i + 2].revents;
+        if (re & (POLLIN | POLLHUP | POLLERR)) read_from(c);
+        if (!c.closing) process(c);
+        if (re & POLLOUT) flush(c);
+      }
+      expire_waiters(clients);
+      std::erase_if(clients, [](const std::unique_ptr<client>& c) { return c->closing && c->out.empty(); });
+      connected_.store(static_cast<int>(clients.size()));
+    }
+  }
+
+  void accept_all(std::vector<std::unique_ptr<client>>& clients) {
+    while (true) {
+      const int fd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) return;
+      detail::set_nodelay(fd);
+      auto c = std::make_unique<client>();
+      c->fd = detail::unique_fd(fd);
+      c->peer = detail::peer_name(fd);
+      clients.push_back(std::move(c));
+    }
+  }
+
+  void read_from(client& c) {
+    char buf[65536];
+    while (true) {
+      const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
+      if (n > 0) {
+        c.in.append(buf, static_cast<std::size_t>(n));
+        if (c.in.size() > wire::max_frame + 4u) break;
+        continue;
+      }
+      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        c.closing = true;  // peer gone: drop its pending wait, nothing more to send
+        c.out.clear();
+        c.waiting = false;
+      }
+      return;
+    }
+  }
+
+  void flush(client& c) {
+    while (!c.out.empty()) {
+      const ssize_t n = ::send(c.fd.get(), c.out.data(), c.out.size(), MSG_NOSIGNAL);
+      if (n > 0) {
+        c.out.erase(0, static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+      c.closing = true;
+      c.out.clear();
+      return;
+    }
+  }
+
+  void reply(client& c, std::string frame) {
+    c.out += frame;
+    flush(c);
+  }
+
+  // Handles every complete frame of a client that is not waiting.
+  void process(client& c) {
+    while (!c.waiting && !c.closing && c.in.size() >= 4) {
+      const auto n = wire::frame_length(c.in);
+      if (n > (c.authed ? wire::max_frame : wire::max_hello_frame) || n == 0) {
+        opt_.log("kft store " + address() + ": dropped " + c.peer + ": frame of " + std::to_string(n) + " bytes");
+        c.closing = true;
+        c.out.clear();
+        return;
+      }
+      if (c.in.size() < 4u + n) return;
+      const std::string payload = c.in.substr(4, n);
+      c.in.erase(0, 4u + n);
+      handle(c, payload);
+    }
+  }
+
+  void handle(client& c, const std::string& payload) {
+    wire::reader r(payload);
+    const auto o = static_cast<wire::op>(r.u8());
+    if (!c.authed) {
+      const std::string token = r.str();
+      const std::string who = r.str();
+      if (o == wire::op::hello && r.ok() && wire::same_token(token, opt_.token)) {
+        c.authed = true;
+        reply(c, wire::writer().u8(static_cast<std::uint8_t>(wire::status::ok)).done());
+      } else {
+        ++refused_;
+        opt_.log("kft store " + address() + ": refused " + c.peer + (who.empty() ? "" : " (" + who + ")") +
+                 ": " + (o == wire::op::hello ? "wrong token" : "no hello"));
+        reply(c, wire::writer().u8(static_cast<std::uint8_t>(wire::status::denied)).done());
+        c.closing = true;
+      }
+      return;
+    }
+    wire::writer w;
+    auto ok = [&]() -> wire::writer& { return w.u8(static_cast<std::uint8_t>(wire::status::ok)); };
+    switch (o) {
+      case wire::op::set: {
+        auto key = r.str();
+        auto value = r.str();
+        if (!r.ok()) break;
+        data_.insert_or_assign(std::move(key), std::move(value));
+        reply(c, ok().done());
+        return;
+      }
+      case wire::op::get:
+      case wire::op::wait: {
+        std::vector<std::string> keys;
+        if (o == wire::op::get) {
+          keys.push_back(r.str());
+        } else {
+          const auto count = r.u32();
+          for (std::uint32_t i = 0; i < count && r.ok(); ++i) keys.push_back(r.str());
+        }
+        const auto timeout = std::chrono::milliseconds(r.u32());
+        if (!r.ok()) break;
+        c.waiting = true;
+        c.wait_op = o;
+        c.wait_keys = std::move(keys);
+        c.deadline = detail::clock::now() + timeout;
+        return;  // answered by serve_waiters / expire_waiters
+      }
+      case wire::op::add: {
+        const auto key = r.str();
+        const auto delta = r.i64();
+        if (!r.ok()) break;
+        auto it = data_.find(key);
+        try {
+          const auto v =
+              detail::counter_value(it == data_.end() ? std::nullopt : std::optional<std::string>(it->second), key,
+                                    "tcp store " + address()) +
+              delta;
+          data_.insert_or_assign(key, std::to_string(v));
+          reply(c, ok().i64(v).done());
+        } catch (const usage_error& e) {
+          reply(c, w.u8(static_cast<std::uint8_t>(wire::status::error)).str(e.detail()).done());
+        }
+        return;
+      }
+      case wire::op::cas: {
+        const auto key = r.str();
+        const bool has_expected = r.u8() != 0;
+        const auto expected = r.str();
+        const auto desired = r.str();
+        if (!r.ok()) break;
+        auto it = data_.find(key);
+        const bool matches = has_expected ? (it != data_.end() && it->second == expected) : it == data_.end();
+        if (matches) {
+          data_.insert_or_assign(key, desired);
+          reply(c, ok().u8(1).u8(1).str(desired).done());
+        } else if (it != data_.end()) {
+          reply(c, ok().u8(0).u8(1).str(it->second).done());
+        } else {
+          reply(c, ok().u8(0).u8(0).str("").done());
+        }
+        return;
+      }
+      case wire::op::erase: {
+        const auto key = r.str();
+        if (!r.ok()) break;
+        reply(c, ok().u8(data_.erase(key) ? 1 : 0).done());
+        return;
+      }
+      case wire::op::ping:
+        reply(c, ok().done());
+        return;
+      case wire::op::keys: {
+        const auto prefix = r.str();
+        if (!r.ok()) break;
+        std::vector<const std::string*> found;
+        for (auto it = data_.lower_bound(prefix); it != data_.end() && it->first.starts_with(prefix); ++it)
+          found.push_back(&it->first);
+        ok().u32(static_cast<std::uint32_t>(found.size()));
+        for (const auto* k : found) w.str(*k);
+        reply(c, w.done());
+        return;
+      }
+      case wire::op::hello:
+        break;
+    }
+    opt_.log("kft store " + address() + ": dropped " + c.peer + ": malformed request (op " +
+             std::to_string(static_cast<int>(o)) + ")");
+    c.closing = true;
+    c.out.clear();
+  }
+
+  std::vector<std::string> missing(const client& c) const {
+    std::vector<std::string> m;
+    for (const auto& k : c.wait_keys)
+      if (data_.find(k) == data_.end()) m.push_back(k);
+    return m;
+  }
+
+  // Answers waiters whose keys are all present, and those whose deadline passed.
+  void expire_waiters(std::vector<std::unique_ptr<client>>& clients) {
+    bool answered = true;
+    while (answered) {  // an answer may unblock queued requests of the same client
+      answered = false;
+      const auto now = detail::clock::now();
+      for (auto& cp : clients) {
+        auto& c = *cp;
+        if (!c.waiting) continue;
+        auto miss = missing(c);
+        wire::writer w;
+        if (miss.empty()) {
+          w.u8(static_cast<std::uint8_t>(wire::status::ok));
+          if (c.wait_op == wire::op::get) w.str(data_.find(c.wait_keys.front())->second);
+        } else if (now >= c.deadline) {
+          w.u8(static_cast<std::uint8_t>(wire::status::timeout)).u32(static_cast<std::uint32_t>(miss.size()));
+          for (const auto& k : miss) w.str(k);
+        } else {
+          continue;
+        }
+        c.waiting = false;
+        c.wait_keys.clear();
+        reply(c, w.done());
+        process(c);
+        answered = true;
+      }
+    }
+  }
+
+  options opt_;
+  detail::unique_fd listen_, wake_read_, wake_write_;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> refused_{0};
+  std::atomic<int> connected_{0};
+  std::map<std::string, std::string, std::less<>> data_;  // only touched by the server thread
+  std::thread thread_;
+};
+
+}  // namespace rendezvous
+KFT_NAMESPACE_END
