@@ -4,7 +4,7 @@
   python3 bench/compare_builds.py --before /tmp/old/build --after build-tests --runs 5 \\
       [--ranks 2] [--nodes]  -- -b 8 -e 64M -f 4 -n 20 -w 5
 
-Runs BUILD/bench/allreduce_perf from each build in turn (before, after, before, ...) and prints,
+Runs BUILD/bench/allreduce_perf from each build in turn (before, after, after, before, ...) and prints,
 per size, the median out-of-place time (us) of each and after/before. --nodes runs the
 across-nodes table instead (2 "nodes" of --ranks/2 ranks each through KFT_HOST_ID) and compares
 its hierarchical and flat times. Arguments after -- go to the bench unchanged. Medians, because
@@ -56,7 +56,9 @@ def main():
     seen = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.runs):
-            for which in ("before", "after"):
+            # ABBA: neither build always runs first (a VM that speeds up or slows down over a
+            # pair would otherwise favour one).
+            for which in (("before", "after") if i % 2 == 0 else ("after", "before")):
                 seen[which].append(run(getattr(args, which), args, extra, os.path.join(tmp, f"{which}{i}.json")))
                 print(f"# run {i + 1}/{args.runs} {which} done", file=sys.stderr, flush=True)
     columns = ["hierarchical", "flat"] if args.nodes else ["time"]
