@@ -36,7 +36,7 @@ ALLOWED = {
 }
 # Headers that may read the environment: the ones that exist to turn it into settings.
 ENV_READERS_OK = ("core/environment.hpp", "core/parse.hpp", "discovery/", "rendezvous/", "topology/", "group/",
-                  "manifest/", "kft.hpp")
+                  "ddp/", "manifest/", "kft.hpp")
 include_rx = re.compile(r'^\s*#\s*include\s*<kft/([^>]+)>')
 env_rx = re.compile(r'\bgetenv\s*\(|\benviron\b|environment::process\s*\(')
 

@@ -92,6 +92,11 @@ class process_group : public typed_collectives<process_group> {
     if (impl_) impl_->abort(reason);
   }
 
+  /// @brief A buffer inside the communicator's shared memory, where its collectives read it in
+  /// place (the shm transport's pool); nullptr when it has none or no room. Collective: every
+  /// rank asks for the same sizes in the same order.
+  void* allocate_shared(std::size_t bytes) { return impl_->allocate_shared(bytes); }
+
  private:
   struct base {
     virtual ~base() = default;
@@ -110,6 +115,7 @@ class process_group : public typed_collectives<process_group> {
     virtual async::work allgather_async(const void*, void*, std::size_t, dtype, const options&) = 0;
     virtual async::work barrier_async(const options&) = 0;
     virtual void abort(std::string_view) noexcept = 0;
+    virtual void* allocate_shared(std::size_t) = 0;
   };
 
   // A backend's own work handle becomes async::work (it already is one for kft's transports).
@@ -162,6 +168,17 @@ class process_group : public typed_collectives<process_group> {
     }
     async::work barrier_async(const options& x) override { return as_work(c->barrier_async(x)); }
     void abort(std::string_view why) noexcept override { c->abort(why); }
+    void* allocate_shared(std::size_t bytes) override {
+      if constexpr (requires { c->allocate_bytes(bytes); }) {
+        try {
+          return c->allocate_bytes(bytes);
+        } catch (const usage_error&) {  // no pool, or no room left: the caller uses its own memory
+          return nullptr;
+        }
+      } else {
+        return nullptr;
+      }
+    }
   };
 
   std::unique_ptr<base> impl_;

@@ -1,0 +1,429 @@
+/// @file kft/ddp/reducer.hpp
+/// @brief The DDP reducer: gradients live in buckets, each bucket is averaged across the ranks
+/// as soon as its last gradient is ready, while the rest of the backward pass still runs.
+///
+///     kft::ddp::reducer r(pg, {{n1, kft::dtype::f32, "fc1.weight"}, {n2, kft::dtype::f32, "fc1.bias"}, ...});
+///     for (step ...) {
+///       r.zero_grad();
+///       forward(...);
+///       backward(..., [&](std::size_t i) {            // gradient i is final
+///         r.mark_ready(i);                             // its bucket may launch now
+///       });                                            // (backward writes into r.gradient<float>(i))
+///       r.finish();                                    // every gradient averaged over the ranks
+///       optimizer.step(...);
+///     }
+///
+/// The model of a step (docs/ddp.md): gradients are views into bucket storage (`gradient<T>(i)`;
+/// no copy in or out; storage inside the shared-memory segment when the group can give it).
+/// `mark_ready(i)` counts down i's bucket; a bucket whose gradients are all ready is launched
+/// through the hook (default: one async allreduce with `op_kind::avg`), strictly in bucket
+/// order on every rank (a ready bucket waits for the lower ones). `finish()` waits for every
+/// bucket. After the first step the buckets are rebuilt once from the ready order rank 0
+/// observed (broadcast, so every rank keeps identical buckets); spans from `gradient()` are
+/// valid until `layout_version()` changes.
+///
+/// Errors are always on and raised at the step where they happen: a parameter marked twice; a
+/// parameter never marked by `finish()` (the others are told through the group's abort, so
+/// they fail at once instead of waiting); parameter counts, shapes or dtypes that differ
+/// between ranks (at construction, naming the first difference and both ranks); a bucket that
+/// does not complete (the group's deadline; the message names the bucket, the step and its
+/// parameters). The layout's fingerprint is the collectives' tag, so ranks with different
+/// buckets fail the transport's signature check instead of adding wrong numbers.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <kft/async/work.hpp>
+#include <kft/core/dtype.hpp>
+#include <kft/core/error.hpp>
+#include <kft/ddp/buckets.hpp>
+#include <kft/ddp/hooks.hpp>
+#include <kft/group/process_group.hpp>
+#include <kft/transport/concepts.hpp>
+
+KFT_NAMESPACE_BEGIN
+namespace ddp {
+
+/// @brief How a reducer works.
+struct reducer_options {
+  bucket_limits limits{};               ///< first bucket 1 MiB, then 25 MiB (PyTorch's defaults)
+  bool find_unused_parameters = false;  ///< parameters not marked by finish() count as unused, not as an error
+  bool rebuild_buckets = true;          ///< once, after step 1, from the observed ready order
+  /// Fixed bucket layout (no rebuild): with a group whose reduction order per element is fixed
+  /// (kft's shared-memory transport), results are bit-identical across runs, bucket caps and
+  /// arrival orders.
+  bool deterministic = false;
+  bool shared_storage = true;  ///< bucket storage inside the group's shared segment when it has room
+  std::chrono::milliseconds timeout{0};  ///< per bucket; 0 = the group's
+};
+
+template <async_communicator Group = group::process_group, comm_hook<Group> Hook = allreduce_avg>
+class reducer {
+ public:
+  /// @brief Collective over the group: checks that every rank has the same parameters (count,
+  /// dtype, number, in order), assigns the buckets and allocates their storage.
+  /// @throws mismatch_error naming the first parameter that differs and two ranks
+  reducer(Group& g, std::vector<parameter> params, reducer_options o = {}, Hook hook = {})
+      : g_(g), params_(std::move(params)), o_(o), hook_(std::move(hook)) {
+    if (params_.empty()) throw usage_error("a reducer needs at least one parameter", site("ddp reducer"));
+    verify_across_ranks();
+    layout(assign_buckets(params_, o_.limits));
+    ready_.assign(params_.size(), 0);
+    observed_.reserve(params_.size());
+    if (o_.find_unused_parameters) usage_.assign(params_.size(), 0);
+  }
+  reducer(const reducer&) = delete;
+  reducer& operator=(const reducer&) = delete;
+  ~reducer() { settle(); }
+
+  std::size_t parameters() const noexcept { return params_.size(); }
+  const parameter& param(std::size_t i) const { return params_.at(i); }
+  const bucket_assignment& buckets() const noexcept { return buckets_; }
+  /// @brief Changes when the buckets are rebuilt (at most once, in the first synced step's finish()).
+  std::uint64_t layout_version() const noexcept { return version_; }
+  /// @brief Steps finished (synced or not).
+  std::uint64_t steps() const noexcept { return step_; }
+  /// @brief True when bucket storage is inside the group's shared segment (no copy-in).
+  bool shared_storage() const noexcept { return shared_; }
+
+  /// @brief Parameter i's gradient: a view into its bucket (valid until layout_version() changes).
+  template <class T>
+  std::span<T> gradient(std::size_t i) {
+    check_index(i, "gradient");
+    if (dtype_of_v<T> != params_[i].type)
+      throw usage_error("gradient<" + std::string(name(dtype_of_v<T>)) + ">(" + std::to_string(i) + "): parameter '" +
+                            params_[i].name + "' holds " + std::string(name(params_[i].type)),
+                        site("ddp gradient"));
+    return {static_cast<T*>(gradient_data(i)), params_[i].count};
+  }
+  void* gradient_data(std::size_t i) {
+    check_index(i, "gradient");
+    return store_[bucket_of_[i]].data + offset_of_[i] * size_of(params_[i].type);
+  }
+  /// @brief Zeroes every gradient (before a step whose backward adds into them).
+  void zero_grad() {
+    for (auto& b : store_) std::memset(b.data, 0, b.count * size_of(b.type));
+  }
+
+  /// @brief Gradient i is final for this step. Launches its bucket (and every later one that
+  /// is complete) when it was the bucket's last.
+  /// @throws usage_error when i was already marked in this step
+  void mark_ready(std::size_t i) {
+    check_index(i, "mark_ready");
+    if (ready_[i])
+      throw usage_error("parameter '" + params_[i].name + "' (index " + std::to_string(i) + ") was marked ready twice in " +
+                            "step " + std::to_string(step_ + 1) +
+                            " (is it used twice in the forward pass, or marked by two hooks?)",
+                        site("ddp mark_ready"));
+    ready_[i] = 1;
+    if (!syncing_) return;  // no_sync: gradients accumulate locally, nothing travels
+    if (synced_ == 0) observed_.push_back(i);
+    if (!usage_.empty()) usage_[i] = 1;
+    if (--pending_[bucket_of_[i]] == 0) launch_ready();
+  }
+
+  /// @brief Waits for every bucket: afterwards every gradient is the average over the ranks.
+  /// @throws usage_error naming a parameter that was never marked (not in find-unused mode),
+  /// or the error of a bucket that did not complete (naming the bucket and the step)
+  void finish() {
+    const std::uint64_t step = step_ + 1;
+    if (!syncing_) {  // an accumulation micro-step: nothing was sent
+      std::fill(ready_.begin(), ready_.end(), 0);
+      ++step_;
+      return;
+    }
+    // Parameters this rank never marked.
+    std::size_t first_unmarked = params_.size(), unmarked = 0;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!ready_[i]) {
+        if (first_unmarked == params_.size()) first_unmarked = i;
+        ++unmarked;
+      }
+    if (unmarked && !o_.find_unused_parameters) {
+      const auto& p = params_[first_unmarked];
+      const std::string why = "parameter '" + p.name + "' (index " + std::to_string(first_unmarked) + ", bucket " +
+                              std::to_string(bucket_of_[first_unmarked]) + ") was never marked ready on rank " +
+                              std::to_string(g_.rank()) + " before finish() in step " + std::to_string(step) +
+                              (unmarked > 1 ? " (" + std::to_string(unmarked - 1) + " more unmarked)" : "") +
+                              "; a parameter that gets no gradient in some steps needs "
+                              "reducer_options::find_unused_parameters";
+      g_.abort(why);  // the ranks waiting for this bucket fail now, with this text
+      settle();
+      reset_step();
+      throw usage_error(why, site("ddp finish", step));
+    }
+    if (unmarked) {  // find-unused mode: zero gradients, launched as if ready
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        if (!ready_[i]) {
+          std::memset(gradient_data(i), 0, params_[i].count * size_of(params_[i].type));
+          ready_[i] = 1;
+          if (--pending_[bucket_of_[i]] == 0) launch_ready();
+        }
+    }
+    std::optional<async::work> usage_work;
+    if (!usage_.empty())  // who used what: summed over the ranks, issued after the last bucket
+      usage_work.emplace(g_.allreduce_async(usage_.data(), usage_.data(), usage_.size(), dtype::i32, op_kind::sum,
+                                            opts()));
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+      try {
+        works_[k].wait();
+      } catch (const error& e) {
+        settle();
+        reset_step();
+        throw_bucket_error(k, step, e);
+      }
+      bucket_view v = view(k);
+      hook_.complete(v);
+    }
+    if (usage_work) {
+      usage_work->wait();
+      used_.assign(usage_.begin(), usage_.end());
+      std::fill(usage_.begin(), usage_.end(), 0);
+    }
+    ++step_;
+    if (++synced_ == 1 && o_.rebuild_buckets && !o_.deterministic && !o_.find_unused_parameters) rebuild();
+    reset_step();
+  }
+
+  /// @brief In find-unused mode, after finish(): how many ranks used parameter i in the step.
+  int used_by(std::size_t i) const {
+    check_index(i, "used_by");
+    return used_.empty() ? g_.size() : used_[i];
+  }
+
+  /// @brief While the guard lives, steps only accumulate gradients: mark_ready and finish move
+  /// nothing. k micro-steps under it plus one synced step issue exactly one step's collectives.
+  class [[nodiscard]] sync_guard {
+   public:
+    explicit sync_guard(reducer& r) : r_(&r) { r_->syncing_ = false; }
+    sync_guard(sync_guard&& o) noexcept : r_(std::exchange(o.r_, nullptr)) {}
+    sync_guard(const sync_guard&) = delete;
+    ~sync_guard() {
+      if (r_) r_->syncing_ = true;
+    }
+
+   private:
+    reducer* r_;
+  };
+  sync_guard no_sync() { return sync_guard(*this); }
+
+ private:
+  struct storage {
+    dtype type = dtype::f32;
+    std::size_t count = 0;
+    unsigned char* data = nullptr;
+    std::unique_ptr<unsigned char, void (*)(void*)> heap{nullptr, &std::free};
+  };
+
+  error_site site(std::string op, std::uint64_t seq = 0) const {
+    if constexpr (requires { g_.next_site(collective::allreduce); }) {
+      auto s = g_.next_site(collective::allreduce);
+      s.operation = std::move(op);
+      s.sequence.reset();
+      if (seq) s.sequence = seq;
+      return s;
+    } else {
+      return error_site::in({}, g_.rank(), g_.size(), std::move(op), seq);
+    }
+  }
+  void check_index(std::size_t i, const char* what) const {
+    if (i >= params_.size())
+      throw usage_error(std::string(what) + "(" + std::to_string(i) + "): the reducer has " +
+                            std::to_string(params_.size()) + " parameters",
+                        site("ddp " + std::string(what)));
+  }
+  options opts() const {
+    options o;
+    o.timeout = o_.timeout;
+    o.tag = fingerprint_;
+    return o;
+  }
+  bucket_view view(std::size_t k) {
+    bucket_view v;
+    v.index = k;
+    v.type = store_[k].type;
+    v.data = store_[k].data;
+    v.count = store_[k].count;
+    v.last = k + 1 == buckets_.size();
+    v.opts = opts();
+    return v;
+  }
+
+  // Launches every complete bucket from the next one on, in order.
+  void launch_ready() {
+    while (next_ < buckets_.size() && pending_[next_] == 0) {
+      bucket_view v = view(next_);
+      works_[next_] = as_work(hook_.launch(g_, v));
+      ++next_;
+    }
+  }
+  template <class W>
+  static async::work as_work(W&& w) {
+    if constexpr (std::same_as<std::remove_cvref_t<W>, async::work>) return std::forward<W>(w);
+    else {
+      auto st = std::make_shared<async::work_state>();
+      st->op = w.op();
+      st->seq = w.sequence();
+      st->progress = [h = std::make_shared<std::remove_cvref_t<W>>(std::forward<W>(w))] { return h->test(); };
+      return async::work(std::move(st));
+    }
+  }
+
+  [[noreturn]] void throw_bucket_error(std::size_t k, std::uint64_t step, const error& e) const {
+    const auto& members = buckets_[k];
+    std::string names = "'" + params_[members.front()].name + "'";
+    if (members.size() > 1) names += " .. '" + params_[members.back()].name + "'";
+    const std::string msg = "bucket " + std::to_string(k) + " of step " + std::to_string(step) + " (" +
+                            std::to_string(members.size()) + " parameter(s): " + names +
+                            ") did not complete: " + e.what();
+    if (dynamic_cast<const timeout_error*>(&e)) throw timeout_error(msg, site("ddp finish", step));
+    if (dynamic_cast<const mismatch_error*>(&e)) throw mismatch_error(msg, site("ddp finish", step));
+    if (dynamic_cast<const remote_error*>(&e)) throw remote_error(msg, site("ddp finish", step));
+    if (dynamic_cast<const usage_error*>(&e)) throw usage_error(msg, site("ddp finish", step));
+    throw transport_error(msg, site("ddp finish", step));
+  }
+
+  // Waits for whatever is in flight, ignoring its errors (the failure path).
+  void settle() noexcept {
+    for (auto& w : works_) {
+      try {
+        w.wait();
+      } catch (...) {
+      }
+      w = async::work();
+    }
+  }
+  void reset_step() {
+    std::fill(ready_.begin(), ready_.end(), 0);
+    for (std::size_t k = 0; k < buckets_.size(); ++k) pending_[k] = buckets_[k].size();
+    next_ = 0;
+  }
+
+  // Every rank has the same parameters: rank 0's list, broadcast and compared.
+  void verify_across_ranks() {
+    const int p = g_.size(), me = g_.rank();
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(p));
+    const std::int64_t n = static_cast<std::int64_t>(params_.size());
+    g_.allgather(&n, counts.data(), 1, dtype::i64);
+    for (int r = 0; r < p; ++r)
+      if (counts[static_cast<std::size_t>(r)] != counts[0])
+        throw mismatch_error("rank " + std::to_string(r) + " has " + std::to_string(counts[static_cast<std::size_t>(r)]) +
+                                 " parameters, rank 0 has " + std::to_string(counts[0]) +
+                                 " (every rank must register the same model)",
+                             site("ddp reducer"));
+    std::vector<std::int64_t> mine(2 * params_.size()), zero(2 * params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      mine[2 * i] = static_cast<std::int64_t>(params_[i].count);
+      mine[2 * i + 1] = static_cast<std::int64_t>(params_[i].type);
+    }
+    g_.broadcast(mine.data(), zero.data(), mine.size(), dtype::i64, 0);
+    std::int64_t first = n;
+    for (std::size_t i = 0; i < params_.size() && first == n; ++i)
+      if (mine[2 * i] != zero[2 * i] || mine[2 * i + 1] != zero[2 * i + 1]) first = static_cast<std::int64_t>(i);
+    std::vector<std::int64_t> firsts(static_cast<std::size_t>(p));
+    g_.allgather(&first, firsts.data(), 1, dtype::i64);
+    for (int r = 0; r < p; ++r) {
+      const std::int64_t f = firsts[static_cast<std::size_t>(r)];
+      if (f == n) continue;
+      const auto i = static_cast<std::size_t>(f);
+      auto desc = [&](std::int64_t c, std::int64_t t) {
+        return std::string(name(static_cast<dtype>(t))) + " x " + std::to_string(c);
+      };
+      std::string detail = "parameter " + std::to_string(i) + " ('" + params_[i].name + "'): rank 0 has " +
+                           desc(zero[2 * i], zero[2 * i + 1]);
+      if (r == me) detail += ", rank " + std::to_string(me) + " has " + desc(mine[2 * i], mine[2 * i + 1]);
+      else detail += ", rank " + std::to_string(r) + " has something else";
+      throw mismatch_error(detail + " (every rank must register the same model, in the same order)", site("ddp reducer"));
+    }
+  }
+
+  // Makes buckets `b` the layout: storage (copying gradients from the old one, if any), the
+  // parameter -> (bucket, offset) tables and the fingerprint.
+  void layout(bucket_assignment b) {
+    std::vector<storage> fresh(b.size());
+    std::vector<std::size_t> bucket_of(params_.size()), offset_of(params_.size());
+    for (std::size_t k = 0; k < b.size(); ++k) {
+      std::size_t n = 0;
+      for (std::size_t i : b[k]) {
+        bucket_of[i] = k;
+        offset_of[i] = n;
+        n += params_[i].count;
+      }
+      fresh[k].type = params_[b[k].front()].type;
+      fresh[k].count = n;
+      allocate(fresh[k]);
+    }
+    if (!store_.empty())  // a rebuild: the step's gradients move with their parameters
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        std::memcpy(fresh[bucket_of[i]].data + offset_of[i] * size_of(params_[i].type), gradient_data(i),
+                    params_[i].count * size_of(params_[i].type));
+    store_ = std::move(fresh);
+    buckets_ = std::move(b);
+    bucket_of_ = std::move(bucket_of);
+    offset_of_ = std::move(offset_of);
+    fingerprint_ = fingerprint(params_, buckets_);
+    works_.clear();
+    works_.resize(buckets_.size());
+    pending_.assign(buckets_.size(), 0);
+    reset_step();
+    ++version_;
+  }
+
+  void allocate(storage& s) {
+    const std::size_t bytes = std::max<std::size_t>(s.count * size_of(s.type), 64);
+    if constexpr (requires { g_.allocate_shared(bytes); }) {
+      if (o_.shared_storage)  // collective: every rank asks in the same order, and gets the same answer
+        if (void* p = g_.allocate_shared(bytes)) {
+          s.data = static_cast<unsigned char*>(p);
+          std::memset(s.data, 0, bytes);
+          shared_ = true;
+          return;
+        }
+    }
+    s.heap.reset(static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+    if (!s.heap) throw std::bad_alloc();
+    s.data = s.heap.get();
+    std::memset(s.data, 0, bytes);
+  }
+
+  // Rank 0's observed ready order becomes every rank's bucket order.
+  void rebuild() {
+    std::vector<std::int64_t> order(params_.size()), zero(params_.size());
+    if (observed_.size() != params_.size()) return;  // (every parameter was marked: it is complete)
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(observed_[i]);
+    g_.broadcast(order.data(), zero.data(), order.size(), dtype::i64, 0);
+    std::vector<std::size_t> seq(zero.begin(), zero.end());
+    auto b = assign_buckets(params_, o_.limits, seq);
+    if (b != buckets_) layout(std::move(b));
+  }
+
+  Group& g_;
+  std::vector<parameter> params_;
+  reducer_options o_;
+  Hook hook_;
+  bucket_assignment buckets_;
+  std::vector<std::size_t> bucket_of_, offset_of_;
+  std::vector<storage> store_;
+  std::vector<std::uint8_t> ready_;
+  std::vector<std::size_t> pending_;
+  std::vector<async::work> works_;
+  std::size_t next_ = 0;
+  std::vector<std::size_t> observed_;
+  std::vector<std::int32_t> usage_, used_;
+  std::uint64_t step_ = 0, synced_ = 0, version_ = 0;
+  std::uint32_t fingerprint_ = 0;
+  bool syncing_ = true, shared_ = false;
+};
+
+}  // namespace ddp
+KFT_NAMESPACE_END

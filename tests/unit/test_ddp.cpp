@@ -1,0 +1,342 @@
+// The DDP reducer with ranks as threads over the shared-memory process group: bucket
+// assignment (a pure function), results against a fixed-order reference for 1-4 ranks, odd
+// sizes, mixed dtypes and ready orders shuffled per rank and per step, every error it raises,
+// accumulation, unused parameters, compression, and deterministic mode.
+#define BOOST_TEST_MODULE kft_ddp
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <kft/ddp/reducer.hpp>
+#include <kft/group/process_group.hpp>
+#include <kft/rendezvous/memory_store.hpp>
+#include <kft/transport/shm/communicator.hpp>
+
+#include "../common/reference.hpp"
+
+using namespace std::chrono_literals;
+namespace ddp = kft::ddp;
+
+namespace {
+
+// Runs body(group) on p rank threads, each with a process group over its own shm communicator;
+// returns the first exception text per rank ("" when none).
+std::vector<std::string> with_ranks(int p, const std::function<void(kft::group::process_group&)>& body,
+                                    std::size_t pool = 64u << 20, std::chrono::milliseconds timeout = 30s) {
+  auto store = std::make_shared<kft::rendezvous::memory_store>();
+  std::vector<std::string> errors(static_cast<std::size_t>(p));
+  std::vector<std::thread> t;
+  for (int r = 0; r < p; ++r)
+    t.emplace_back([&, r] {
+      try {
+        kft::shm::config c;
+        c.name = "ddp";
+        c.pool_bytes = pool;
+        c.timeout = timeout;
+        kft::group::process_group g(kft::shm::communicator(store, r, p, c), "shm");
+        body(g);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& x : t) x.join();
+  return errors;
+}
+
+bool none(const std::vector<std::string>& errors) {
+  for (const auto& e : errors)
+    if (!e.empty()) {
+      BOOST_TEST_MESSAGE("rank error: " << e);
+      return false;
+    }
+  return true;
+}
+
+// What rank r contributes to element j of parameter i in step s: a small integer (exact sums).
+double contribution(int r, std::size_t i, std::size_t j, std::uint64_t s) {
+  return static_cast<double>((static_cast<std::size_t>(r) * 5 + i * 3 + j * 7 + s * 11) % 13) - 6.0;
+}
+
+std::vector<ddp::parameter> model(std::vector<std::pair<std::size_t, kft::dtype>> shapes) {
+  std::vector<ddp::parameter> ps;
+  for (std::size_t i = 0; i < shapes.size(); ++i) ps.push_back({shapes[i].first, shapes[i].second, "p" + std::to_string(i)});
+  return ps;
+}
+
+// One step: write every gradient, mark them in a shuffled order, finish; count elements that
+// differ from the average (within one rounding of an average), and hash the results.
+template <class Reducer>
+std::size_t step(Reducer& red, kft::group::process_group& g, std::uint64_t s, std::uint64_t order_seed,
+                 std::uint64_t* hash = nullptr) {
+  const auto n = red.parameters();
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  std::mt19937_64 rng(order_seed);
+  std::shuffle(order.begin(), order.end(), rng);
+  for (std::size_t i : order) {
+    const auto& p = red.param(i);
+    void* data = red.gradient_data(i);
+    for (std::size_t j = 0; j < p.count; ++j) kft_test::put(p.type, data, j, contribution(g.rank(), i, j, s));
+    red.mark_ready(i);
+  }
+  red.finish();
+  std::size_t wrong = 0;
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& p = red.param(i);
+    const void* data = red.gradient_data(i);
+    for (std::size_t j = 0; j < p.count; ++j) {
+      double sum = 0;
+      for (int r = 0; r < g.size(); ++r) sum += contribution(r, i, j, s);
+      const double want = sum / g.size(), got = kft_test::get(p.type, data, j);
+      if (!kft_test::close_enough(got, want, p.type, kft::op_kind::avg)) ++wrong;
+    }
+    h ^= kft_test::bits_hash(data, p.count * kft::size_of(p.type)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  }
+  if (hash) *hash = h;
+  return wrong;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(buckets)
+
+BOOST_AUTO_TEST_CASE(reverse_order_small_first_bucket_then_the_cap) {
+  // 10 f32 parameters of 100 KiB each: first bucket closes at 1 MiB... use small limits.
+  auto ps = model({{100, kft::dtype::f32}, {100, kft::dtype::f32}, {100, kft::dtype::f32}, {100, kft::dtype::f32},
+                   {100, kft::dtype::f32}});
+  const auto b = ddp::assign_buckets(ps, {.first_bucket_bytes = 400, .bucket_bytes_cap = 800});
+  // From the last parameter: {4} reaches 400 B (first limit), then {3, 2} reach 800, then {1, 0}.
+  BOOST_TEST(b.size() == 3u);
+  BOOST_TEST((b[0] == std::vector<std::size_t>{4}));
+  BOOST_TEST((b[1] == std::vector<std::size_t>{3, 2}));
+  BOOST_TEST((b[2] == std::vector<std::size_t>{1, 0}));
+}
+
+BOOST_AUTO_TEST_CASE(a_bucket_closes_after_the_parameter_that_crosses_the_cap) {
+  auto ps = model({{10, kft::dtype::f32}, {1000, kft::dtype::f32}, {10, kft::dtype::f32}});
+  const auto b = ddp::assign_buckets(ps, {.first_bucket_bytes = 100, .bucket_bytes_cap = 100});
+  BOOST_TEST(b.size() == 2u);
+  BOOST_TEST((b[0] == std::vector<std::size_t>{2, 1}));  // 40 B, then 4040 B >= 100: closes, over the cap
+  BOOST_TEST((b[1] == std::vector<std::size_t>{0}));     // still open at the end
+}
+
+BOOST_AUTO_TEST_CASE(one_dtype_per_bucket_and_an_explicit_order) {
+  auto ps = model({{100, kft::dtype::f32}, {100, kft::dtype::bf16}, {100, kft::dtype::f32}, {100, kft::dtype::bf16}});
+  const auto b = ddp::assign_buckets(ps, {.first_bucket_bytes = 1u << 20, .bucket_bytes_cap = 1u << 20});
+  BOOST_TEST(b.size() == 2u);
+  BOOST_TEST((b[0] == std::vector<std::size_t>{3, 1}));  // bf16, opened first (parameter 3)
+  BOOST_TEST((b[1] == std::vector<std::size_t>{2, 0}));
+  const std::vector<std::size_t> order{0, 1, 2, 3};
+  const auto c = ddp::assign_buckets(ps, {.first_bucket_bytes = 1u << 20, .bucket_bytes_cap = 1u << 20}, order);
+  BOOST_TEST((c[0] == std::vector<std::size_t>{0, 2}));
+  BOOST_TEST(ddp::fingerprint(ps, b) != ddp::fingerprint(ps, c));
+  BOOST_TEST(ddp::fingerprint(ps, b) == ddp::fingerprint(ps, ddp::assign_buckets(ps, {.first_bucket_bytes = 1u << 20,
+                                                                                       .bucket_bytes_cap = 1u << 20})));
+  const std::vector<std::size_t> bad{0, 1, 1, 3};
+  BOOST_CHECK_THROW(ddp::assign_buckets(ps, {}, bad), kft::usage_error);
+  BOOST_CHECK_THROW(ddp::assign_buckets(ps, {.first_bucket_bytes = 0}), kft::usage_error);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(reducer)
+
+BOOST_AUTO_TEST_CASE(averages_match_the_reference_for_1_to_4_ranks) {
+  const auto shapes = model({{1, kft::dtype::f32}, {7, kft::dtype::f64}, {1023, kft::dtype::bf16},
+                             {(1u << 20) + 3, kft::dtype::f32}, {4099, kft::dtype::f32}, {33, kft::dtype::bf16}});
+  for (int p = 1; p <= 4; ++p) {
+    std::atomic<std::size_t> wrong{0}, hash_mismatch{0};
+    std::vector<std::uint64_t> hashes(static_cast<std::size_t>(p) * 3);
+    const auto errors = with_ranks(p, [&](kft::group::process_group& g) {
+      ddp::reducer r(g, shapes, {.limits = {.first_bucket_bytes = 64u << 10, .bucket_bytes_cap = 1u << 20}});
+      for (std::uint64_t s = 0; s < 3; ++s)  // step 1 rebuilds the buckets from rank 0's order
+        wrong += step(r, g, s, 1000 * s + static_cast<std::uint64_t>(g.rank()) * 7 + 1,
+                      &hashes[s * static_cast<std::size_t>(p) + static_cast<std::size_t>(g.rank())]);
+      if (r.layout_version() < 1) throw std::runtime_error("no layout");
+    });
+    BOOST_TEST(none(errors));
+    BOOST_TEST(wrong.load() == 0u, p << " ranks");
+    for (std::size_t s = 0; s < 3; ++s)
+      for (int r = 1; r < p; ++r)
+        if (hashes[s * static_cast<std::size_t>(p) + static_cast<std::size_t>(r)] != hashes[s * static_cast<std::size_t>(p)])
+          ++hash_mismatch;
+    BOOST_TEST(hash_mismatch.load() == 0u, "every rank's gradients are bit-identical");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(buckets_launch_in_order_and_storage_is_shared) {
+  const auto errors = with_ranks(2, [&](kft::group::process_group& g) {
+    ddp::reducer r(g, model({{1000, kft::dtype::f32}, {1000, kft::dtype::f32}, {1000, kft::dtype::f32}}),
+                   {.limits = {.first_bucket_bytes = 4000, .bucket_bytes_cap = 4000}});
+    if (!r.shared_storage()) throw std::runtime_error("bucket storage is not in the shared segment");
+    if (r.buckets().size() != 3u) throw std::runtime_error("expected 3 buckets");
+    const auto before = g.sequence();
+    // Bucket 0 (parameter 2) marked last: nothing may launch before it.
+    r.mark_ready(0);
+    r.mark_ready(1);
+    if (g.sequence() != before) throw std::runtime_error("a bucket launched before the ones below it were ready");
+    r.mark_ready(2);
+    if (g.sequence() != before + 3) throw std::runtime_error("three buckets should be in flight");
+    r.finish();
+  });
+  BOOST_TEST(none(errors));
+}
+
+BOOST_AUTO_TEST_CASE(a_parameter_marked_twice_is_an_error_at_once) {
+  const auto errors = with_ranks(1, [&](kft::group::process_group& g) {
+    ddp::reducer r(g, model({{10, kft::dtype::f32}, {10, kft::dtype::f32}}));
+    r.mark_ready(1);
+    r.mark_ready(1);
+  });
+  BOOST_TEST(errors[0].find("parameter 'p1' (index 1) was marked ready twice in step 1") != std::string::npos, errors[0]);
+}
+
+BOOST_AUTO_TEST_CASE(a_parameter_never_marked_is_named_on_every_rank) {
+  const auto errors = with_ranks(3, [&](kft::group::process_group& g) {
+    ddp::reducer r(g, model({{10, kft::dtype::f32}, {10, kft::dtype::f32}, {10, kft::dtype::f32}}),
+                   {.limits = {.first_bucket_bytes = 40, .bucket_bytes_cap = 40}});
+    for (std::size_t i = 0; i < 3; ++i)
+      if (!(g.rank() == 1 && i == 0)) r.mark_ready(i);  // rank 1 never marks p0
+    r.finish();
+  }, 64u << 20, 20s);
+  BOOST_TEST(errors[1].find("parameter 'p0' (index 0, bucket 2) was never marked ready on rank 1 before finish() in step 1") !=
+                 std::string::npos,
+             errors[1]);
+  for (int r : {0, 2}) {
+    // (their first unfinished bucket fails: the group was stopped with rank 1's reason)
+    BOOST_TEST(errors[static_cast<std::size_t>(r)].find("of step 1") != std::string::npos, errors[static_cast<std::size_t>(r)]);
+    BOOST_TEST(errors[static_cast<std::size_t>(r)].find("'p0' (index 0, bucket 2) was never marked ready on rank 1") !=
+                   std::string::npos,
+               errors[static_cast<std::size_t>(r)]);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(different_models_are_refused_at_construction) {
+  const auto errors = with_ranks(3, [&](kft::group::process_group& g) {
+    ddp::reducer r(g, model({{10, kft::dtype::f32}, {g.rank() == 2 ? 64u : 128u, kft::dtype::f32}}));
+  });
+  for (int r = 0; r < 3; ++r) {
+    BOOST_TEST(errors[static_cast<std::size_t>(r)].find("parameter 1 ('p1'): rank 0 has f32 x 128, rank 2 has") !=
+                   std::string::npos,
+               errors[static_cast<std::size_t>(r)]);
+  }
+  BOOST_TEST(errors[2].find("rank 2 has f32 x 64") != std::string::npos, errors[2]);
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_that_never_reaches_a_bucket_is_a_timeout_naming_bucket_and_step) {
+  const auto errors = with_ranks(2, [&](kft::group::process_group& g) {
+    ddp::reducer r(g, model({{100, kft::dtype::f32}}), {.timeout = 300ms});
+    if (g.rank() == 1) {
+      std::this_thread::sleep_for(1500ms);  // stuck in its backward
+      return;
+    }
+    r.mark_ready(0);
+    r.finish();
+  }, 64u << 20, 5s);
+  BOOST_TEST_MESSAGE(errors[0]);
+  BOOST_TEST(errors[0].find("bucket 0 of step 1 (1 parameter(s): 'p0') did not complete") != std::string::npos, errors[0]);
+  BOOST_TEST(errors[0].find("timed out after 300 ms") != std::string::npos, errors[0]);
+  BOOST_TEST(errors[0].find("waiting for rank(s) 1") != std::string::npos, errors[0]);
+}
+
+BOOST_AUTO_TEST_CASE(no_sync_micro_steps_send_nothing_and_the_synced_step_reduces_the_sum) {
+  std::atomic<std::size_t> wrong{0};
+  const auto errors = with_ranks(3, [&](kft::group::process_group& g) {
+    ddp::reducer r(g, model({{257, kft::dtype::f32}, {31, kft::dtype::f64}}), {.rebuild_buckets = false});
+    const auto start = g.sequence();
+    r.zero_grad();
+    for (int micro = 0; micro < 4; ++micro) {
+      std::optional<decltype(r.no_sync())> guard;
+      if (micro < 3) guard.emplace(r.no_sync());
+      for (std::size_t i = 0; i < 2; ++i) {
+        const auto& p = r.param(i);
+        for (std::size_t j = 0; j < p.count; ++j) {
+          void* d = r.gradient_data(i);
+          kft_test::put(p.type, d, j, kft_test::get(p.type, d, j) + contribution(g.rank(), i, j, static_cast<std::uint64_t>(micro)));
+        }
+        r.mark_ready(i);
+      }
+      r.finish();
+    }
+    if (g.sequence() - start != r.buckets().size()) throw std::runtime_error("4 micro-steps issued more than one step's collectives");
+    for (std::size_t i = 0; i < 2; ++i)
+      for (std::size_t j = 0; j < r.param(i).count; ++j) {
+        double sum = 0;
+        for (int rank = 0; rank < 3; ++rank)
+          for (std::uint64_t m = 0; m < 4; ++m) sum += contribution(rank, i, j, m);
+        if (!kft_test::close_enough(kft_test::get(r.param(i).type, r.gradient_data(i), j), sum / 3, r.param(i).type,
+                                    kft::op_kind::avg))
+          ++wrong;
+      }
+  });
+  BOOST_TEST(none(errors));
+  BOOST_TEST(wrong.load() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(unused_parameters_mode_counts_who_used_what) {
+  std::atomic<int> bad{0};
+  const auto errors = with_ranks(3, [&](kft::group::process_group& g) {
+    ddp::reducer r(g, model({{10, kft::dtype::f32}, {10, kft::dtype::f32}}), {.find_unused_parameters = true});
+    auto* g0 = r.gradient<float>(0).data();
+    std::fill(g0, g0 + 10, 3.0f);
+    r.mark_ready(0);
+    if (g.rank() == 0) {  // only rank 0 uses p1
+      auto p1 = r.gradient<float>(1);
+      std::fill(p1.begin(), p1.end(), 6.0f);
+      r.mark_ready(1);
+    }
+    r.finish();
+    if (r.used_by(0) != 3 || r.used_by(1) != 1) ++bad;
+    if (r.gradient<float>(1)[0] != 2.0f) ++bad;  // (6 + 0 + 0) / 3
+  });
+  BOOST_TEST(none(errors));
+  BOOST_TEST(bad.load() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(bf16_compression_hook_stays_within_bf16_precision) {
+  std::atomic<std::size_t> wrong{0};
+  const auto errors = with_ranks(2, [&](kft::group::process_group& g) {
+    ddp::reducer<kft::group::process_group, ddp::bf16_compress> r(g, model({{5000, kft::dtype::f32}}));
+    auto x = r.gradient<float>(0);
+    for (std::size_t j = 0; j < x.size(); ++j) x[j] = static_cast<float>(contribution(g.rank(), 0, j, 0)) * 0.37f;
+    r.mark_ready(0);
+    r.finish();
+    for (std::size_t j = 0; j < x.size(); ++j) {
+      const double want = (contribution(0, 0, j, 0) + contribution(1, 0, j, 0)) * 0.37 / 2;
+      if (std::fabs(x[j] - want) > 3 * 0x1p-8 * std::max(std::fabs(want), 1.0)) ++wrong;
+    }
+  });
+  BOOST_TEST(none(errors));
+  BOOST_TEST(wrong.load() == 0u);
+}
+
+// Deterministic mode: the same inputs give the same bits whatever the bucket cap and the
+// order gradients arrive in.
+BOOST_AUTO_TEST_CASE(deterministic_results_do_not_depend_on_caps_or_arrival_order) {
+  const auto shapes = model({{3000, kft::dtype::f32}, {70001, kft::dtype::f32}, {513, kft::dtype::bf16},
+                             {20000, kft::dtype::f64}, {9, kft::dtype::f32}});
+  std::vector<std::uint64_t> seen;
+  std::mutex mu;
+  for (std::size_t cap : {std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{25} << 20})
+    for (std::uint64_t seed : {1u, 2u, 3u}) {
+      const auto errors = with_ranks(3, [&](kft::group::process_group& g) {
+        ddp::reducer r(g, shapes, {.limits = {.first_bucket_bytes = cap / 4, .bucket_bytes_cap = cap}, .deterministic = true});
+        std::uint64_t h = 0;
+        step(r, g, 5, seed * 31 + static_cast<std::uint64_t>(g.rank()), &h);
+        std::lock_guard lock(mu);
+        if (g.rank() == 0) seen.push_back(h);
+      });
+      BOOST_TEST(none(errors));
+    }
+  BOOST_REQUIRE(seen.size() == 9u);
+  for (auto h : seen) BOOST_TEST(h == seen[0]);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
