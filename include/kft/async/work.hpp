@@ -63,10 +63,14 @@ struct work_state {
       std::lock_guard lock(mu_);
       if (done_.load(std::memory_order_relaxed)) return;
       error_ = std::move(e);
+      done_ns_.store(now_ns(), std::memory_order_relaxed);
       done_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
   }
+  /// @brief When the operation started running / completed (steady clock, ns; 0 = not yet).
+  std::int64_t started_ns() const noexcept { return started_ns_.load(std::memory_order_acquire); }
+  std::int64_t done_ns() const noexcept { return done_ns_.load(std::memory_order_acquire); }
   /// @brief Marks the operation as running: its deadline counts from now.
   void start() noexcept { started_ns_.store(now_ns(), std::memory_order_release); }
 
@@ -112,10 +116,11 @@ struct work_state {
     }
   }
 
- private:
+ public:
   static std::int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count();
   }
+ private:
   // Queued and not started: no deadline yet (the work ahead of it has its own). Running: its
   // start (or the first wait, for progress-driven work, which runs from submission) + timeout
   // + 1 s grace.
@@ -150,6 +155,7 @@ struct work_state {
   std::condition_variable cv_;
   std::atomic<bool> done_{false};
   std::atomic<std::int64_t> started_ns_{0};
+  std::atomic<std::int64_t> done_ns_{0};
   std::exception_ptr error_;
 };
 
@@ -204,6 +210,8 @@ class [[nodiscard]] work {
 
   std::uint64_t sequence() const noexcept { return s_ ? s_->seq : 0; }
   collective op() const noexcept { return s_ ? s_->op : collective::none; }
+  /// @brief The operation's shared state (its timestamps: `started_ns()`, `done_ns()`), or nullptr.
+  const work_state* state() const noexcept { return s_.get(); }
   /// @brief False for an empty (default-constructed, moved-from or detached) handle.
   bool valid() const noexcept { return s_ != nullptr; }
   /// @brief Lets go without waiting: for stream-ordered work (NCCL), where later work on the

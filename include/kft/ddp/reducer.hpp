@@ -48,6 +48,7 @@
 #include <kft/core/error.hpp>
 #include <kft/ddp/buckets.hpp>
 #include <kft/ddp/hooks.hpp>
+#include <kft/ddp/timeline.hpp>
 #include <kft/group/process_group.hpp>
 #include <kft/transport/concepts.hpp>
 
@@ -65,6 +66,7 @@ struct reducer_options {
   bool deterministic = false;
   bool shared_storage = true;  ///< bucket storage inside the group's shared segment when it has room
   std::chrono::milliseconds timeout{0};  ///< per bucket; 0 = the group's
+  timeline* trace = nullptr;  ///< records readiness, queueing and communication (timeline.hpp)
 };
 
 template <async_communicator Group = group::process_group, comm_hook<Group> Hook = allreduce_avg>
@@ -127,6 +129,7 @@ class reducer {
                         site("ddp mark_ready"));
     ready_[i] = 1;
     if (!syncing_) return;  // no_sync: gradients accumulate locally, nothing travels
+    if (o_.trace) o_.trace->instant(params_[i].name, "ready");
     if (synced_ == 0) observed_.push_back(i);
     if (!usage_.empty()) usage_[i] = 1;
     if (--pending_[bucket_of_[i]] == 0) launch_ready();
@@ -182,6 +185,9 @@ class reducer {
         reset_step();
         throw_bucket_error(k, step, e);
       }
+      if (o_.trace)
+        if (const auto* st = works_[k].state(); st && st->started_ns() && st->done_ns())
+          o_.trace->add("bucket " + std::to_string(k), "comm", st->started_ns(), st->done_ns());
       bucket_view v = view(k);
       hook_.complete(v);
     }
@@ -263,6 +269,7 @@ class reducer {
   void launch_ready() {
     while (next_ < buckets_.size() && pending_[next_] == 0) {
       bucket_view v = view(next_);
+      if (o_.trace) o_.trace->instant("bucket " + std::to_string(next_), "queue");
       works_[next_] = as_work(hook_.launch(g_, v));
       ++next_;
     }
