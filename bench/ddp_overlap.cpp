@@ -23,30 +23,10 @@
 #include <CLI/CLI.hpp>
 
 #include <kft/ddp/reducer.hpp>
-#include <kft/group/factory.hpp>
-#include <kft/kft.hpp>
 
-using clk = std::chrono::steady_clock;
+#include "ddp_common.hpp"
 
-namespace {
-
-double seconds(clk::time_point a, clk::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-std::size_t parse_bytes(const std::string& s) {
-  double v = std::stod(s);
-  const char u = s.empty() ? ' ' : s.back();
-  if (u == 'K' || u == 'k') v *= 1024;
-  if (u == 'M' || u == 'm') v *= 1024 * 1024;
-  if (u == 'G' || u == 'g') v *= 1024.0 * 1024 * 1024;
-  return static_cast<std::size_t>(v);
-}
-
-}  // namespace
+using namespace ddp_bench;
 
 int main(int argc, char** argv) {
   CLI::App app{"the DDP reducer's overlap of communication with a (sleeping) backward pass"};
@@ -61,26 +41,20 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "steps per measurement (median)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    const auto env = kft::environment::process();
-    const auto me = kft::discover(env);
-    auto store = kft::rendezvous::connect_store(me, env);
-    const std::size_t per = parse_bytes(layer_bytes) / sizeof(float);
-    kft::group::group_options go;
-    go.shm.pool_bytes = 2 * per * sizeof(float) * static_cast<std::size_t>(layers) + (1u << 20);
-    auto pg = kft::group::make_process_group(me, store.client, go, env);
+    const std::size_t per = parse_size(layer_bytes) / sizeof(float);
+    job j(2 * per * sizeof(float) * static_cast<std::size_t>(layers) + (1u << 20));
+    auto& pg = j.pg;
+    const auto& me = j.me;
     std::vector<kft::ddp::parameter> params;
     for (int l = 0; l < layers; ++l) params.push_back({per, kft::dtype::f32, "layer" + std::to_string(l)});
-    auto tl = kft::ddp::timeline::from(env, pg.rank());
+    auto tl = kft::ddp::timeline::from(j.env, pg.rank());
     const bool tracing = tl.on();
     tl.record(false);  // only the overlapped steps of the last ratio
     kft::ddp::reducer red(pg, params,
-                          {.limits = {.first_bucket_bytes = parse_bytes(first), .bucket_bytes_cap = parse_bytes(cap)},
+                          {.limits = {.first_bucket_bytes = parse_size(first), .bucket_bytes_cap = parse_size(cap)},
                            .rebuild_buckets = false,
                            .trace = tracing ? &tl : nullptr});
-    auto slowest = [&](double v) {
-      pg.allreduce(&v, &v, 1, kft::dtype::f64, kft::op_kind::max);
-      return v;
-    };
+    auto slowest = [&](double v) { return j.slowest(v); };
     auto mark_all = [&] {
       for (int l = layers - 1; l >= 0; --l) red.mark_ready(static_cast<std::size_t>(l));
     };
@@ -146,7 +120,10 @@ int main(int argc, char** argv) {
   } catch (const kft::config_error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
-  } catch (const kft::error& e) {
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "ddp_overlap: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }

@@ -41,6 +41,8 @@
 // NCCL's device buffers are filled and checked through host copies (not timed).
 #pragma once
 
+#include "sizes.hpp"
+
 #include <malloc.h>
 #include <mpi.h>
 #include <sched.h>
@@ -138,23 +140,6 @@ bool next_size(const settings& a, std::size_t& size) {
     size += a.step_bytes;
   }
   return true;
-}
-
-// nccl-tests' parsesize: a number with an optional K, M or G (powers of 1024).
-std::size_t parse_size(const std::string& s) {
-  if (s.empty()) throw std::invalid_argument("empty size");
-  double units = 1;
-  std::string num = s;
-  switch (s.back()) {
-    case 'K': case 'k': units = 1024.0; num.pop_back(); break;
-    case 'M': case 'm': units = 1024.0 * 1024; num.pop_back(); break;
-    case 'G': case 'g': units = 1024.0 * 1024 * 1024; num.pop_back(); break;
-    default: break;
-  }
-  std::size_t used = 0;
-  const double v = std::stod(num, &used);
-  if (used != num.size() || v < 0) throw std::invalid_argument("not a size: " + s);
-  return static_cast<std::size_t>(std::llround(v * units));
 }
 
 std::vector<kft::dtype> parse_types(const std::string& s) {

@@ -17,7 +17,9 @@ test_pkgs=(libboost-test-dev
            python3-torch                               # torchrun (Debian's /usr/bin/python3)
            procps iproute2                             # pgrep/ps and ss (Slurm script), ip/tc (netns hosts)
            mpich                                       # mpirun.mpich: a launcher that is not kft's MPI (mix-up tests)
-           python3-jsonschema python3-yaml)            # manifest validation against the real CRDs
+           python3-jsonschema python3-yaml             # manifest validation against the real CRDs
+           libopenblas-dev                             # bench/ddp_perf's BLAS layers (smoke-tested)
+           libbenchmark-dev)                           # bench/ddp_micro, Google Benchmark (smoke-tested)
 
 bench_pkgs=(libgloo-dev                                # Gloo, a peer in allreduce_perf
             python3-matplotlib)                        # bench/plot_perf.py (Debian's /usr/bin/python3)

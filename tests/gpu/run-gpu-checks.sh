@@ -8,6 +8,7 @@
 #  - hierarchical allreduce NCCL+NCCL 1x1 and NCCL+MPI staged through pinned memory;
 #  - allreduce bandwidth, 1 MiB .. 256 MiB, against cudaMemcpy device-to-device;
 #  - the conformance suite (tests/conformance/) on NCCL: one rank per GPU;
+#  - the DDP reducer over NCCL (device buckets, event-ordered side stream), with step times;
 #  - all_reduce_perf on NCCL (bench/, --backend nccl) in nccl-tests' columns.
 #
 #   tests/gpu/run-gpu-checks.sh [BUILD_DIR]      (default: $KFT_BUILD_DIR, else build-gpu)
@@ -19,6 +20,7 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-${KFT_BUILD_DIR:-$src/build-gpu}}
 exe=$build/tests/test_nccl
 conformance=$build/tests/test_conformance_nccl
+ddp=$build/tests/test_ddp_nccl
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 echo "== GPUs"
@@ -30,7 +32,7 @@ if [[ ! -x $exe ]]; then
   if [[ ! -f $build/CMakeCache.txt ]]; then
     bash "$src/tools/configure.sh" "$build" -DKFT_WITH_MPI=AUTO -DKFT_WITH_HWLOC=AUTO || exit 1
   fi
-  cmake --build "$build" --target test_nccl test_conformance_nccl -j "$(nproc)" || exit 1
+  cmake --build "$build" --target test_nccl test_conformance_nccl test_ddp_nccl -j "$(nproc)" || exit 1
 fi
 [[ -x $build/bench/allreduce_perf ]] || cmake --build "$build" --target allreduce_perf -j "$(nproc)" || true
 
@@ -66,6 +68,13 @@ if [[ -x $conformance ]]; then
   crc=$?
 fi
 
+drc=0
+if [[ -x $ddp ]]; then
+  echo "== the DDP reducer over NCCL"
+  timeout 300 "$ddp" --log_level=test_suite --report_level=short --color_output=false
+  drc=$?
+fi
+
 brc=0
 if [[ -x $build/bench/allreduce_perf ]]; then
   echo "== all_reduce_perf on NCCL (one rank), nccl-tests' columns"
@@ -73,5 +82,5 @@ if [[ -x $build/bench/allreduce_perf ]]; then
   brc=$?
 fi
 
-echo "run-gpu-checks: threads exit $rc, processes exit $prc, conformance exit $crc, bench exit $brc, $((SECONDS - start)) s"
-[[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $brc -eq 0 ]]
+echo "run-gpu-checks: threads exit $rc, processes exit $prc, conformance exit $crc, ddp exit $drc, bench exit $brc, $((SECONDS - start)) s"
+[[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $drc -eq 0 && $brc -eq 0 ]]

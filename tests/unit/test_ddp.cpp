@@ -144,9 +144,53 @@ BOOST_AUTO_TEST_CASE(one_dtype_per_bucket_and_an_explicit_order) {
   BOOST_CHECK_THROW(ddp::assign_buckets(ps, {.first_bucket_bytes = 0}), kft::usage_error);
 }
 
+BOOST_AUTO_TEST_CASE(the_auto_cap_follows_the_measured_cost) {
+  // alpha = 10 us, 1 GB/s: a 5% overhead needs alpha x 0.95 / (0.05 x beta) = 190 000 B -> 196 608 (3 x 64 KiB),
+  // below the 256 KiB floor; with alpha = 100 us: 1 900 000 B -> 1 900 544 (29 x 64 KiB).
+  BOOST_TEST(ddp::choose_bucket_cap({10e-6, 1e-9}) == 256u << 10);
+  BOOST_TEST(ddp::choose_bucket_cap({100e-6, 1e-9}) == 29u * (64u << 10));
+  BOOST_TEST(ddp::choose_bucket_cap({100e-6, 1e-9}, 0.01) == 152u * (64u << 10));  // 9.9 MB: a stricter overhead, a bigger cap
+  BOOST_TEST(ddp::choose_bucket_cap({1e-3, 1e-12}) == 64u << 20);                   // a fast link: the ceiling
+  BOOST_TEST(ddp::choose_bucket_cap({10e-6, 0.0}) == 64u << 20);                    // no usable slope: the ceiling
+  BOOST_TEST(ddp::choose_bucket_cap({10e-6, -1e-9}) == 64u << 20);
+  BOOST_TEST(ddp::choose_bucket_cap({-5e-6, 1e-9}) == 256u << 10);                  // negative alpha counts as 0
+  BOOST_CHECK_THROW(ddp::choose_bucket_cap({1e-6, 1e-9}, 1.5), kft::usage_error);
+  BOOST_CHECK_THROW(ddp::choose_bucket_cap({1e-6, 1e-9}, 0.05, 2u << 20, 1u << 20), kft::usage_error);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(reducer)
+
+BOOST_AUTO_TEST_CASE(the_auto_cap_is_measured_and_agreed_by_every_rank) {
+  const int p = 3;
+  const auto shapes = model({{300000, kft::dtype::f32}, {7, kft::dtype::f32}, {200000, kft::dtype::f32},
+                             {1u << 20, kft::dtype::f32}, {4099, kft::dtype::f32}});
+  std::vector<std::size_t> caps(p);
+  std::vector<double> alphas(p), betas(p);
+  std::vector<std::uint32_t> prints(p);
+  std::atomic<std::size_t> wrong{0};
+  const auto errors = with_ranks(p, [&](kft::group::process_group& g) {
+    ddp::reducer r(g, shapes, {.auto_bucket_cap = true});
+    const auto me = static_cast<std::size_t>(g.rank());
+    caps[me] = r.limits().bucket_bytes_cap;
+    alphas[me] = r.measured_link().alpha_s;
+    betas[me] = r.measured_link().beta_s_per_byte;
+    prints[me] = ddp::fingerprint(shapes, r.buckets());
+    wrong += step(r, g, 0, 11 + me);
+  });
+  BOOST_TEST(none(errors));
+  BOOST_TEST(wrong.load() == 0u);
+  for (int r = 1; r < p; ++r) {
+    BOOST_TEST(caps[static_cast<std::size_t>(r)] == caps[0]);
+    BOOST_TEST(alphas[static_cast<std::size_t>(r)] == alphas[0]);  // the slowest rank's timings, on every rank
+    BOOST_TEST(betas[static_cast<std::size_t>(r)] == betas[0]);
+    BOOST_TEST(prints[static_cast<std::size_t>(r)] == prints[0]);
+  }
+  BOOST_TEST(caps[0] == ddp::choose_bucket_cap({alphas[0], betas[0]}));
+  BOOST_TEST_MESSAGE("measured alpha " << alphas[0] * 1e6 << " us, " << 1e-9 / betas[0] << " GB/s -> cap "
+                                       << caps[0] << " B");
+}
 
 BOOST_AUTO_TEST_CASE(averages_match_the_reference_for_1_to_4_ranks) {
   const auto shapes = model({{1, kft::dtype::f32}, {7, kft::dtype::f64}, {1023, kft::dtype::bf16},

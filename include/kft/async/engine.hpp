@@ -12,17 +12,28 @@
 /// when the queue is empty (no spinning: more ranks than cores must not livelock). A task's
 /// exception becomes its work's error. Destruction finishes what is queued (each operation is
 /// bounded by its own deadline), then joins.
+///
+/// A thread waiting for a work that has not started runs it (and what is queued before it)
+/// itself when the worker is idle, instead of waking the worker and sleeping: the common
+/// "submit, then wait" pattern costs no thread hand-off.
+///
+/// In steady state a submission allocates nothing: work states are recycled once no handle
+/// holds them, tasks up to `task::capacity` bytes live inside the queue's slots, and the queue
+/// is a ring that only grows (a training step's collectives reuse the same memory every step).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <deque>
-#include <functional>
+#include <cstddef>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <kft/async/work.hpp>
 
@@ -35,6 +46,67 @@ struct operation {
   std::uint64_t seq = 0;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   std::string name;  ///< optional, e.g. "allreduce (f32 x 1048576)"
+};
+
+/// @brief A move-only `void()` callable stored in place when it fits (`capacity` bytes), else
+/// on the heap: unlike std::function, a collective's closure (pointers, counts, options) never
+/// allocates.
+class task {
+ public:
+  static constexpr std::size_t capacity = 128;
+
+  task() = default;
+  template <class F, class D = std::decay_t<F>>
+    requires(!std::is_same_v<D, task> && std::is_invocable_v<D&>)
+  explicit task(F&& f) {
+    if constexpr (sizeof(D) <= capacity && alignof(D) <= alignof(std::max_align_t) &&
+                  std::is_nothrow_move_constructible_v<D>) {
+      ::new (static_cast<void*>(buf_)) D(std::forward<F>(f));
+      ops_ = &ops_of<D>;
+    } else {  // too big to sit in a slot: one allocation, as std::function would make
+      auto boxed = [p = std::make_unique<D>(std::forward<F>(f))] { (*p)(); };
+      ::new (static_cast<void*>(buf_)) decltype(boxed)(std::move(boxed));
+      ops_ = &ops_of<decltype(boxed)>;
+    }
+  }
+  task(task&& o) noexcept : ops_(std::exchange(o.ops_, nullptr)) {
+    if (ops_) ops_->relocate(o.buf_, buf_);
+  }
+  task& operator=(task&& o) noexcept {
+    if (this != &o) {
+      reset();
+      if ((ops_ = std::exchange(o.ops_, nullptr))) ops_->relocate(o.buf_, buf_);
+    }
+    return *this;
+  }
+  task(const task&) = delete;
+  task& operator=(const task&) = delete;
+  ~task() { reset(); }
+
+  explicit operator bool() const noexcept { return ops_ != nullptr; }
+  void operator()() { ops_->call(buf_); }
+  void reset() noexcept {
+    if (ops_) std::exchange(ops_, nullptr)->destroy(buf_);
+  }
+
+ private:
+  struct ops {
+    void (*call)(void*);
+    void (*relocate)(void* from, void* to) noexcept;  // move-construct into `to`, destroy `from`
+    void (*destroy)(void*) noexcept;
+  };
+  template <class D>
+  static constexpr ops ops_of{
+      [](void* p) { (*static_cast<D*>(p))(); },
+      [](void* from, void* to) noexcept {
+        ::new (to) D(std::move(*static_cast<D*>(from)));
+        static_cast<D*>(from)->~D();
+      },
+      [](void* p) noexcept { static_cast<D*>(p)->~D(); },
+  };
+
+  alignas(std::max_align_t) unsigned char buf_[capacity];
+  const ops* ops_ = nullptr;
 };
 
 class engine {
@@ -51,18 +123,22 @@ class engine {
     if (worker_.joinable()) worker_.join();
   }
 
-  /// @brief Queues `task`; it runs after everything submitted before it.
+  /// @brief Queues `f`; it runs after everything submitted before it.
   template <class F>
-  work submit(operation what, F&& task) {
-    auto st = std::make_shared<work_state>();
-    st->op = what.op;
-    st->seq = what.seq;
-    st->timeout = what.timeout;
-    st->name = std::move(what.name);
-    pending_.fetch_add(1, std::memory_order_acq_rel);
+  work submit(operation what, F&& f) {
+    task t(std::forward<F>(f));
+    std::shared_ptr<work_state> st;
     {
       std::lock_guard lock(mu_);
-      queue_.push_back({st, std::function<void()>(std::forward<F>(task))});
+      st = recycled();
+      st->op = what.op;
+      st->seq = what.seq;
+      st->timeout = what.timeout;
+      st->name = std::move(what.name);
+      st->help = &engine::help_thunk;
+      st->helper = this;
+      pending_.fetch_add(1, std::memory_order_acq_rel);
+      push({st, std::move(t)});
       if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
     }
     cv_.notify_all();
@@ -74,7 +150,7 @@ class engine {
   void drain() {
     if (idle()) return;  // the common case, without a lock
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    cv_.wait(lock, [&] { return size_ == 0 && !busy_; });
   }
   /// @brief True when nothing is queued or running.
   bool idle() const noexcept { return pending_.load(std::memory_order_acquire) == 0; }
@@ -85,27 +161,70 @@ class engine {
  private:
   struct item {
     std::shared_ptr<work_state> state;
-    std::function<void()> task;
+    task run;
   };
+
+  // A work state no handle holds any more (reset for reuse), or a new one. Under mu_.
+  std::shared_ptr<work_state> recycled() {
+    for (std::size_t n = 0; n < states_.size(); ++n) {
+      auto& s = states_[cursor_];
+      cursor_ = (cursor_ + 1) % states_.size();
+      if (s.use_count() == 1) {  // only this list holds it, and nothing can copy it from here
+        std::atomic_thread_fence(std::memory_order_acquire);  // the last holder's writes are visible
+        s->reset();
+        return s;
+      }
+    }
+    // None free: grow by as many as there are (at least 8), so that a burst deeper than any
+    // before (a slow peer, a busy machine) finds spares instead of allocating again.
+    const std::size_t first = states_.size(), more = std::max<std::size_t>(8, first);
+    for (std::size_t k = 0; k < more; ++k) states_.push_back(std::make_shared<work_state>());
+    cursor_ = (first + 1) % states_.size();
+    return states_[first];
+  }
+
+  // The queue: a ring of slots that doubles when full. Under mu_.
+  void push(item&& it) {
+    if (size_ == ring_.size()) {
+      std::vector<item> bigger(ring_.empty() ? 64 : 2 * ring_.size());
+      for (std::size_t i = 0; i < size_; ++i) bigger[i] = std::move(ring_[(head_ + i) % ring_.size()]);
+      ring_ = std::move(bigger);
+      head_ = 0;
+    }
+    ring_[(head_ + size_) % ring_.size()] = std::move(it);
+    ++size_;
+  }
+  item pop() {
+    item it = std::move(ring_[head_]);
+    head_ = (head_ + 1) % ring_.size();
+    --size_;
+    return it;
+  }
+
+  // Runs one item (the worker's body, also a helping waiter's). Called without mu_.
+  static void execute(item& it) {
+    it.state->start();
+    std::exception_ptr error;
+    try {
+      it.run();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    it.run.reset();  // the closure's captures go before anyone learns the work is done
+    it.state->complete(error);
+    it.state.reset();
+  }
 
   void run() {
     std::unique_lock lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      item it = std::move(queue_.front());
-      queue_.pop_front();
+      // Never while a helping waiter runs an item: one operation at a time, in order.
+      cv_.wait(lock, [&] { return !busy_ && (stopping_ || size_ != 0); });
+      if (size_ == 0) return;
+      item it = pop();
       busy_ = true;
       lock.unlock();
-      it.state->start();
-      std::exception_ptr error;
-      try {
-        it.task();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      it.state->complete(error);
-      it = {};
+      execute(it);
       lock.lock();
       busy_ = false;
       pending_.fetch_sub(1, std::memory_order_acq_rel);
@@ -113,10 +232,35 @@ class engine {
     }
   }
 
+  // A waiter on `st` runs the queue's head items itself, in order, up to and including `st`,
+  // while the worker is idle (it would otherwise first have to wake up: tens of microseconds).
+  static void help_thunk(void* self, work_state* st) { static_cast<engine*>(self)->help_until(st); }
+  void help_until(const work_state* st) {
+    std::unique_lock lock(mu_);
+    while (!busy_ && size_ != 0) {
+      bool queued = false;
+      for (std::size_t i = 0; i < size_ && !queued; ++i) queued = ring_[(head_ + i) % ring_.size()].state.get() == st;
+      if (!queued) return;  // already taken by the worker (or never ours)
+      item it = pop();
+      const bool last = it.state.get() == st;
+      busy_ = true;
+      lock.unlock();
+      execute(it);
+      lock.lock();
+      busy_ = false;
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      cv_.notify_all();
+      if (last) return;
+    }
+  }
+
   std::string name_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<item> queue_;
+  std::vector<item> ring_;
+  std::size_t head_ = 0, size_ = 0;
+  std::vector<std::shared_ptr<work_state>> states_;
+  std::size_t cursor_ = 0;
   bool busy_ = false, stopping_ = false;
   std::atomic<int> pending_{0};
   std::thread worker_;

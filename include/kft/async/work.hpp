@@ -56,6 +56,11 @@ struct work_state {
   /// Called once when a wait passes the deadline: stops what it must and returns the error
   /// the handle then holds. Empty: a plain timeout_error.
   std::function<std::exception_ptr()> on_timeout;
+  /// Set by the engine that queued it: `help(helper, this)` runs the operation (and whatever is
+  /// queued before it) on the waiting thread when the engine's worker is not running anything,
+  /// so a waiter does not pay the worker's wake-up; a no-op otherwise.
+  void (*help)(void* helper, work_state* self) = nullptr;
+  void* helper = nullptr;
 
   /// @brief Marks the operation done (with its error, if any) and wakes every waiter.
   void complete(std::exception_ptr e = nullptr) noexcept {
@@ -73,6 +78,21 @@ struct work_state {
   std::int64_t done_ns() const noexcept { return done_ns_.load(std::memory_order_acquire); }
   /// @brief Marks the operation as running: its deadline counts from now.
   void start() noexcept { started_ns_.store(now_ns(), std::memory_order_release); }
+  /// @brief Makes a finished state fresh for another operation (an engine recycling states
+  /// that no handle holds any more; keeps the name's capacity).
+  void reset() noexcept {
+    op = collective::none;
+    seq = 0;
+    name.clear();
+    progress = nullptr;
+    on_timeout = nullptr;
+    help = nullptr;
+    helper = nullptr;
+    error_ = nullptr;
+    started_ns_.store(0, std::memory_order_relaxed);
+    done_ns_.store(0, std::memory_order_relaxed);
+    done_.store(false, std::memory_order_relaxed);
+  }
 
   bool done() const noexcept { return done_.load(std::memory_order_acquire); }
   std::exception_ptr error() const {
@@ -96,6 +116,7 @@ struct work_state {
   /// @brief Waits until done or until `limit` (if earlier than the operation's own deadline);
   /// true when done. At the operation's deadline the state completes with the timeout error.
   bool wait_until(clock::time_point limit) {
+    if (help && !done() && started_ns() == 0) help(helper, this);
     backoff b = backoff::oversubscribed(std::chrono::microseconds(500));
     for (std::uint32_t spin = 1;; ++spin) {
       if (poll()) return true;

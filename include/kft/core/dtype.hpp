@@ -70,9 +70,10 @@ struct half {
     if (absx < 0x38800000u) {  // subnormal or zero in half
       if (absx < 0x33000000u) return static_cast<std::uint16_t>(sign);
       const std::uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
+      // In units of 2^-24: mant * 2^(e - 150) / 2^-24 = mant >> (126 - e), with 14 <= 126 - e <= 24.
       const int shift = 126 - static_cast<int>(absx >> 23);
-      std::uint32_t r = mant >> (shift + 1);
-      const std::uint32_t rem = mant & ((1u << (shift + 1)) - 1), halfway = 1u << shift;
+      std::uint32_t r = mant >> shift;
+      const std::uint32_t rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
       if (rem > halfway || (rem == halfway && (r & 1u))) ++r;
       return static_cast<std::uint16_t>(sign | r);
     }

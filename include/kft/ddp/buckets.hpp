@@ -102,6 +102,33 @@ inline bucket_assignment assign_buckets(std::span<const parameter> params, const
   return out;
 }
 
+/// @brief What a group's allreduce costs, from two measured sizes: t(bytes) = alpha + beta x bytes.
+struct link_cost {
+  double alpha_s = 0;          ///< fixed cost of one call, seconds
+  double beta_s_per_byte = 0;  ///< seconds per byte of the buffer
+};
+
+/// @brief The bucket cap `bucket_limits::auto_cap` picks: the smallest bucket whose fixed cost
+/// is at most `overhead` of its time, alpha / (alpha + beta x cap) <= overhead, so larger
+/// buckets would save less than `overhead` and only delay the first launch. Rounded up to a
+/// multiple of 64 KiB and clamped to [min_bytes, max_bytes]; a measurement without a positive
+/// beta (noise, or a transport faster than the clock) gives max_bytes.
+inline std::size_t choose_bucket_cap(link_cost c, double overhead = 0.05, std::size_t min_bytes = 256u << 10,
+                                     std::size_t max_bytes = 64u << 20) {
+  if (!(overhead > 0 && overhead < 1) || min_bytes == 0 || min_bytes > max_bytes)
+    throw usage_error("choose_bucket_cap: overhead must be in (0, 1) and 0 < min_bytes <= max_bytes (got overhead " +
+                          std::to_string(overhead) + ", min " + std::to_string(min_bytes) + ", max " +
+                          std::to_string(max_bytes) + ")",
+                      error_site::of("ddp buckets"));
+  if (!(c.beta_s_per_byte > 0)) return max_bytes;
+  const double alpha = c.alpha_s > 0 ? c.alpha_s : 0;
+  const double want = alpha * (1 - overhead) / (overhead * c.beta_s_per_byte);
+  if (!(want < static_cast<double>(max_bytes))) return max_bytes;
+  constexpr std::size_t grain = 64u << 10;
+  const std::size_t cap = (static_cast<std::size_t>(want) + grain - 1) / grain * grain;
+  return std::clamp(cap, min_bytes, max_bytes);
+}
+
 /// @brief A 32-bit fingerprint of an assignment and the parameters' shapes: equal on every
 /// rank exactly when the buckets are (the reducer puts it in the collectives' tag, where the
 /// signature check compares it at no extra cost).

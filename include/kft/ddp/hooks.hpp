@@ -20,6 +20,7 @@
 #include <kft/core/dtype.hpp>
 #include <kft/core/ops.hpp>
 #include <kft/core/options.hpp>
+#include <kft/ddp/memory.hpp>
 #include <kft/transport/concepts.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -59,6 +60,7 @@ class compress_hook {
  public:
   template <class G>
   auto launch(G& g, bucket_view& b) {
+    static_assert(!device_buffers_v<G>, "the compression hooks convert on the host: not for a GPU group's device buckets");
     if (b.type != dtype::f32) return g.allreduce_async(b.data, b.data, b.count, b.type, op_kind::avg, b.opts);
     if (wire_.size() <= b.index) wire_.resize(b.index + 1);
     auto& w = wire_[b.index];

@@ -48,6 +48,7 @@
 #include <kft/core/error.hpp>
 #include <kft/ddp/buckets.hpp>
 #include <kft/ddp/hooks.hpp>
+#include <kft/ddp/memory.hpp>
 #include <kft/ddp/timeline.hpp>
 #include <kft/group/process_group.hpp>
 #include <kft/transport/concepts.hpp>
@@ -58,6 +59,11 @@ namespace ddp {
 /// @brief How a reducer works.
 struct reducer_options {
   bucket_limits limits{};               ///< first bucket 1 MiB, then 25 MiB (PyTorch's defaults)
+  /// Replace `limits.bucket_bytes_cap` by one chosen from the group's measured cost at
+  /// construction (choose_bucket_cap: per-call cost <= `auto_overhead` of a bucket's time);
+  /// every rank takes the slowest rank's timings, so all choose the same buckets.
+  bool auto_bucket_cap = false;
+  double auto_overhead = 0.05;
   bool find_unused_parameters = false;  ///< parameters not marked by finish() count as unused, not as an error
   bool rebuild_buckets = true;          ///< once, after step 1, from the observed ready order
   /// Fixed bucket layout (no rebuild): with a group whose reduction order per element is fixed
@@ -67,6 +73,9 @@ struct reducer_options {
   bool shared_storage = true;  ///< bucket storage inside the group's shared segment when it has room
   std::chrono::milliseconds timeout{0};  ///< per bucket; 0 = the group's
   timeline* trace = nullptr;  ///< records readiness, queueing and communication (timeline.hpp)
+  /// GPU groups (kft/ddp/cuda.hpp): the CUDA stream the backward pass runs on (a cudaStream_t;
+  /// nullptr = the legacy default stream). Ignored by host groups.
+  void* stream = nullptr;
 };
 
 template <async_communicator Group = group::process_group, comm_hook<Group> Hook = allreduce_avg>
@@ -76,9 +85,17 @@ class reducer {
   /// dtype, number, in order), assigns the buckets and allocates their storage.
   /// @throws mismatch_error naming the first parameter that differs and two ranks
   reducer(Group& g, std::vector<parameter> params, reducer_options o = {}, Hook hook = {})
-      : g_(g), params_(std::move(params)), o_(o), hook_(std::move(hook)) {
+      : g_(g), params_(std::move(params)), o_(o), hook_(std::move(hook)), mem_(g, o.stream) {
     if (params_.empty()) throw usage_error("a reducer needs at least one parameter", site("ddp reducer"));
+    if (memory::on_device && o_.find_unused_parameters)
+      throw usage_error("find_unused_parameters is not available for a reducer over a GPU group yet",
+                        site("ddp reducer"));
     verify_across_ranks();
+    if (o_.auto_bucket_cap) {
+      link_ = measure_link();
+      o_.limits.bucket_bytes_cap = choose_bucket_cap(link_, o_.auto_overhead);
+      o_.limits.first_bucket_bytes = std::min(o_.limits.first_bucket_bytes, o_.limits.bucket_bytes_cap);
+    }
     layout(assign_buckets(params_, o_.limits));
     ready_.assign(params_.size(), 0);
     observed_.reserve(params_.size());
@@ -97,6 +114,10 @@ class reducer {
   std::uint64_t steps() const noexcept { return step_; }
   /// @brief True when bucket storage is inside the group's shared segment (no copy-in).
   bool shared_storage() const noexcept { return shared_; }
+  /// @brief The limits in use (with auto_bucket_cap: the chosen cap).
+  const bucket_limits& limits() const noexcept { return o_.limits; }
+  /// @brief With auto_bucket_cap: the group's allreduce cost as measured (the slowest rank's).
+  const link_cost& measured_link() const noexcept { return link_; }
 
   /// @brief Parameter i's gradient: a view into its bucket (valid until layout_version() changes).
   template <class T>
@@ -114,7 +135,7 @@ class reducer {
   }
   /// @brief Zeroes every gradient (before a step whose backward adds into them).
   void zero_grad() {
-    for (auto& b : store_) std::memset(b.data, 0, b.count * size_of(b.type));
+    for (auto& b : store_) mem_.zero(b.data, b.count * size_of(b.type));
   }
 
   /// @brief Gradient i is final for this step. Launches its bucket (and every later one that
@@ -168,7 +189,7 @@ class reducer {
     if (unmarked) {  // find-unused mode: zero gradients, launched as if ready
       for (std::size_t i = 0; i < params_.size(); ++i)
         if (!ready_[i]) {
-          std::memset(gradient_data(i), 0, params_[i].count * size_of(params_[i].type));
+          mem_.zero(gradient_data(i), params_[i].count * size_of(params_[i].type));
           ready_[i] = 1;
           if (--pending_[bucket_of_[i]] == 0) launch_ready();
         }
@@ -196,6 +217,7 @@ class reducer {
       used_.assign(usage_.begin(), usage_.end());
       std::fill(usage_.begin(), usage_.end(), 0);
     }
+    mem_.after_finish();
     ++step_;
     if (++synced_ == 1 && o_.rebuild_buckets && !o_.deterministic && !o_.find_unused_parameters) rebuild();
     reset_step();
@@ -224,11 +246,12 @@ class reducer {
   sync_guard no_sync() { return sync_guard(*this); }
 
  private:
+  using memory = bucket_memory<Group>;
   struct storage {
     dtype type = dtype::f32;
     std::size_t count = 0;
     unsigned char* data = nullptr;
-    std::unique_ptr<unsigned char, void (*)(void*)> heap{nullptr, &std::free};
+    std::unique_ptr<unsigned char, void (*)(void*)> owned{nullptr, &memory::release};
   };
 
   error_site site(std::string op, std::uint64_t seq = 0) const {
@@ -267,6 +290,7 @@ class reducer {
 
   // Launches every complete bucket from the next one on, in order.
   void launch_ready() {
+    if (next_ < buckets_.size() && pending_[next_] == 0) mem_.before_launch();
     while (next_ < buckets_.size() && pending_[next_] == 0) {
       bucket_view v = view(next_);
       if (o_.trace) o_.trace->instant("bucket " + std::to_string(next_), "queue");
@@ -307,7 +331,8 @@ class reducer {
         w.wait();
       } catch (...) {
       }
-      w = async::work();
+      async::work done;
+      std::swap(w, done);  // (not `w = work()`: nvcc flags the discarded [[nodiscard]] result)
     }
   }
   void reset_step() {
@@ -321,7 +346,9 @@ class reducer {
     const int p = g_.size(), me = g_.rank();
     std::vector<std::int64_t> counts(static_cast<std::size_t>(p));
     const std::int64_t n = static_cast<std::int64_t>(params_.size());
-    g_.allgather(&n, counts.data(), 1, dtype::i64);
+    host_call(&n, sizeof n, counts.data(), counts.size() * sizeof(std::int64_t), [&](const void* in, void* out) {
+      g_.allgather(in, out, 1, dtype::i64, options{});
+    });
     for (int r = 0; r < p; ++r)
       if (counts[static_cast<std::size_t>(r)] != counts[0])
         throw mismatch_error("rank " + std::to_string(r) + " has " + std::to_string(counts[static_cast<std::size_t>(r)]) +
@@ -333,12 +360,15 @@ class reducer {
       mine[2 * i] = static_cast<std::int64_t>(params_[i].count);
       mine[2 * i + 1] = static_cast<std::int64_t>(params_[i].type);
     }
-    g_.broadcast(mine.data(), zero.data(), mine.size(), dtype::i64, 0);
+    host_call(mine.data(), mine.size() * sizeof(std::int64_t), zero.data(), zero.size() * sizeof(std::int64_t),
+              [&](const void* in, void* out) { g_.broadcast(in, out, mine.size(), dtype::i64, 0, options{}); });
     std::int64_t first = n;
     for (std::size_t i = 0; i < params_.size() && first == n; ++i)
       if (mine[2 * i] != zero[2 * i] || mine[2 * i + 1] != zero[2 * i + 1]) first = static_cast<std::int64_t>(i);
     std::vector<std::int64_t> firsts(static_cast<std::size_t>(p));
-    g_.allgather(&first, firsts.data(), 1, dtype::i64);
+    host_call(&first, sizeof first, firsts.data(), firsts.size() * sizeof(std::int64_t), [&](const void* in, void* out) {
+      g_.allgather(in, out, 1, dtype::i64, options{});
+    });
     for (int r = 0; r < p; ++r) {
       const std::int64_t f = firsts[static_cast<std::size_t>(r)];
       if (f == n) continue;
@@ -372,8 +402,8 @@ class reducer {
     }
     if (!store_.empty())  // a rebuild: the step's gradients move with their parameters
       for (std::size_t i = 0; i < params_.size(); ++i)
-        std::memcpy(fresh[bucket_of[i]].data + offset_of[i] * size_of(params_[i].type), gradient_data(i),
-                    params_[i].count * size_of(params_[i].type));
+        mem_.copy(fresh[bucket_of[i]].data + offset_of[i] * size_of(params_[i].type), gradient_data(i),
+                  params_[i].count * size_of(params_[i].type));
     store_ = std::move(fresh);
     buckets_ = std::move(b);
     bucket_of_ = std::move(bucket_of);
@@ -386,10 +416,10 @@ class reducer {
     ++version_;
   }
 
-  void allocate(storage& s) {
+  void allocate(storage& s, bool may_share = true) {
     const std::size_t bytes = std::max<std::size_t>(s.count * size_of(s.type), 64);
     if constexpr (requires { g_.allocate_shared(bytes); }) {
-      if (o_.shared_storage)  // collective: every rank asks in the same order, and gets the same answer
+      if (o_.shared_storage && may_share)  // collective: every rank asks in the same order, and gets the same answer
         if (void* p = g_.allocate_shared(bytes)) {
           s.data = static_cast<unsigned char*>(p);
           std::memset(s.data, 0, bytes);
@@ -397,10 +427,56 @@ class reducer {
           return;
         }
     }
-    s.heap.reset(static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
-    if (!s.heap) throw std::bad_alloc();
-    s.data = s.heap.get();
-    std::memset(s.data, 0, bytes);
+    s.owned.reset(static_cast<unsigned char*>(mem_.allocate(bytes)));
+    s.data = s.owned.get();
+  }
+
+  // The reducer's own small collectives work on host arrays; a device group gets device copies.
+  template <class F>
+  void host_call(const void* in, std::size_t in_bytes, void* out, std::size_t out_bytes, F&& op) {
+    if constexpr (!memory::on_device) {
+      op(in, out);
+    } else {
+      storage a, b;
+      a.type = b.type = dtype::u8;
+      a.count = in_bytes;
+      b.count = out_bytes;
+      allocate(a, false);
+      allocate(b, false);
+      mem_.upload(a.data, in, in_bytes);
+      op(static_cast<const void*>(a.data), static_cast<void*>(b.data));
+      mem_.download(out, b.data, out_bytes);
+    }
+  }
+
+  // The group's allreduce time at two sizes (medians of 5 after a warm-up), the slowest rank's
+  // on every rank (an allreduce max), fitted to alpha + beta x bytes.
+  link_cost measure_link() {
+    std::size_t total = 0;
+    for (const auto& p : params_) total += p.count * size_of(p.type);
+    const std::size_t small = 4u << 10, large = std::clamp<std::size_t>(total, 256u << 10, 4u << 20);
+    storage buf;
+    buf.type = dtype::f32;
+    buf.count = large / 4;
+    allocate(buf, false);
+    auto time_of = [&](std::size_t bytes) {
+      std::vector<double> t;
+      for (int k = 0; k < 6; ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        g_.allreduce(buf.data, buf.data, bytes / 4, dtype::f32, op_kind::sum, options{});
+        if (k) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::nth_element(t.begin(), t.begin() + 2, t.end());
+      return t[2];
+    };
+    double times[2] = {time_of(small), time_of(large)};
+    host_call(times, sizeof times, times, sizeof times, [&](const void* in, void* out) {
+      g_.allreduce(in, out, 2, dtype::f64, op_kind::max, options{});
+    });
+    link_cost c;
+    c.beta_s_per_byte = (times[1] - times[0]) / static_cast<double>(large - small);
+    c.alpha_s = times[0] - c.beta_s_per_byte * static_cast<double>(small);
+    return c;
   }
 
   // Rank 0's observed ready order becomes every rank's bucket order.
@@ -408,7 +484,8 @@ class reducer {
     std::vector<std::int64_t> order(params_.size()), zero(params_.size());
     if (observed_.size() != params_.size()) return;  // (every parameter was marked: it is complete)
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(observed_[i]);
-    g_.broadcast(order.data(), zero.data(), order.size(), dtype::i64, 0);
+    host_call(order.data(), order.size() * sizeof(std::int64_t), zero.data(), zero.size() * sizeof(std::int64_t),
+              [&](const void* in, void* out) { g_.broadcast(in, out, order.size(), dtype::i64, 0, options{}); });
     std::vector<std::size_t> seq(zero.begin(), zero.end());
     auto b = assign_buckets(params_, o_.limits, seq);
     if (b != buckets_) layout(std::move(b));
@@ -418,6 +495,7 @@ class reducer {
   std::vector<parameter> params_;
   reducer_options o_;
   Hook hook_;
+  memory mem_;
   bucket_assignment buckets_;
   std::vector<std::size_t> bucket_of_, offset_of_;
   std::vector<storage> store_;
@@ -429,6 +507,7 @@ class reducer {
   std::vector<std::int32_t> usage_, used_;
   std::uint64_t step_ = 0, synced_ = 0, version_ = 0;
   std::uint32_t fingerprint_ = 0;
+  link_cost link_{};
   bool syncing_ = true, shared_ = false;
 };
 

@@ -4,9 +4,9 @@
 /// `reduce(dst, srcs, n, count, dtype, op, divisor)` computes, for every element i,
 /// `dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[n-1][i]` in that order (so every rank that
 /// reduces the same inputs gets bit-identical results), then divides by `divisor` for `avg`.
-/// `dst` may be one of the sources. Loops work on 64-byte vectors (GCC/Clang vector
-/// extensions, which become SSE/AVX/NEON instructions) with a scalar tail; f16 and bf16 are
-/// widened to float, reduced, and rounded once.
+/// `dst` may be one of the sources. Loops work on vectors as wide as the target's registers (GCC/Clang
+/// vector extensions, which become SSE/AVX/AVX-512/NEON instructions) with a scalar tail; f16 and bf16 are
+/// widened to float, reduced, and rounded once (see reduce_16).
 #pragma once
 
 #include <algorithm>
@@ -36,90 +36,175 @@ inline T apply(T a, T b) {
   else return a < b ? b : a;
 }
 
-// Built-in element types: vectors of 64 bytes.
+// The widest vector register the target has, in bytes. A generic vector wider than the hardware's
+// (64 bytes without AVX-512) is lowered through the stack by GCC, which costs more than it gains.
+#if defined(__AVX512F__)
+inline constexpr std::size_t vector_bytes = 64;
+#elif defined(__AVX__)
+inline constexpr std::size_t vector_bytes = 32;
+#else
+inline constexpr std::size_t vector_bytes = 16;
+#endif
+
+template <class T>
+inline T load(const void* p, std::size_t byte_offset) {
+  T v;
+  std::memcpy(&v, static_cast<const unsigned char*>(p) + byte_offset, sizeof v);
+  return v;
+}
+
+// Built-in element types: four independent register-wide vectors per iteration (the adds of
+// one element still happen in source order, so the result is the scalar loop's, bit for bit),
+// then single vectors, then a scalar tail.
 template <class T, op_kind Op>
 void reduce_native(void* dst_v, const void* const* srcs, int n, std::size_t count, int divisor) {
-  constexpr std::size_t W = 64 / sizeof(T);
-  typedef T vec __attribute__((vector_size(64)));
+  typedef T vec __attribute__((vector_size(vector_bytes)));
+  constexpr std::size_t W = vector_bytes / sizeof(T);
+  constexpr std::size_t VB = sizeof(vec);
   auto* dst = static_cast<unsigned char*>(dst_v);
+  const void* const s0 = srcs[0];
+  const T d = static_cast<T>(divisor);
+  // (Lambdas, not function templates: a vector typedef's attribute does not survive being a
+  // template argument.)
+  const auto ld = [](const void* p, std::size_t o) {
+    vec v;
+    std::memcpy(&v, static_cast<const unsigned char*>(p) + o, VB);
+    return v;
+  };
+  const auto combine = [](vec a, vec b) -> vec {
+    if constexpr (Op == op_kind::sum || Op == op_kind::avg) return a + b;
+    else if constexpr (Op == op_kind::prod) return a * b;
+    else if constexpr (Op == op_kind::min) return b < a ? b : a;
+    else return a < b ? b : a;
+  };
   std::size_t i = 0;
-  for (; i + W <= count; i += W) {
-    vec acc, x;
-    std::memcpy(&acc, static_cast<const unsigned char*>(srcs[0]) + i * sizeof(T), sizeof acc);
+  for (; i + 4 * W <= count; i += 4 * W) {
+    const std::size_t o = i * sizeof(T);
+    vec a0 = ld(s0, o), a1 = ld(s0, o + VB), a2 = ld(s0, o + 2 * VB), a3 = ld(s0, o + 3 * VB);
     for (int k = 1; k < n; ++k) {
-      std::memcpy(&x, static_cast<const unsigned char*>(srcs[k]) + i * sizeof(T), sizeof x);
-      if constexpr (Op == op_kind::sum || Op == op_kind::avg) acc = acc + x;
-      else if constexpr (Op == op_kind::prod) acc = acc * x;
-      else if constexpr (Op == op_kind::min) acc = x < acc ? x : acc;
-      else acc = acc < x ? x : acc;
+      const void* s = srcs[k];
+      a0 = combine(a0, ld(s, o));
+      a1 = combine(a1, ld(s, o + VB));
+      a2 = combine(a2, ld(s, o + 2 * VB));
+      a3 = combine(a3, ld(s, o + 3 * VB));
     }
-    if constexpr (Op == op_kind::avg) acc = acc / static_cast<T>(divisor);
-    std::memcpy(dst + i * sizeof(T), &acc, sizeof acc);
+    if constexpr (Op == op_kind::avg) {
+      a0 = a0 / d;
+      a1 = a1 / d;
+      a2 = a2 / d;
+      a3 = a3 / d;
+    }
+    std::memcpy(dst + o, &a0, VB);
+    std::memcpy(dst + o + VB, &a1, VB);
+    std::memcpy(dst + o + 2 * VB, &a2, VB);
+    std::memcpy(dst + o + 3 * VB, &a3, VB);
+  }
+  for (; i + W <= count; i += W) {
+    const std::size_t o = i * sizeof(T);
+    vec a = ld(s0, o);
+    for (int k = 1; k < n; ++k) a = combine(a, ld(srcs[k], o));
+    if constexpr (Op == op_kind::avg) a = a / d;
+    std::memcpy(dst + o, &a, VB);
   }
   for (; i < count; ++i) {
-    T acc, x;
-    std::memcpy(&acc, static_cast<const unsigned char*>(srcs[0]) + i * sizeof(T), sizeof(T));
-    for (int k = 1; k < n; ++k) {
-      std::memcpy(&x, static_cast<const unsigned char*>(srcs[k]) + i * sizeof(T), sizeof(T));
-      acc = apply<T, Op>(acc, x);
-    }
-    if constexpr (Op == op_kind::avg) acc = static_cast<T>(acc / static_cast<T>(divisor));
-    std::memcpy(dst + i * sizeof(T), &acc, sizeof(T));
+    const std::size_t o = i * sizeof(T);
+    T a = load<T>(s0, o);
+    for (int k = 1; k < n; ++k) a = apply<T, Op>(a, load<T>(srcs[k], o));
+    if constexpr (Op == op_kind::avg) a = static_cast<T>(a / d);
+    std::memcpy(dst + o, &a, sizeof(T));
   }
 }
 
-// Widening and narrowing of 16-bit floats in bulk. binary16 uses the compiler's _Float16 where it
-// has one (hardware conversion instructions with F16C, otherwise libgcc's exact routines);
-// bfloat16 is a shift.
-template <class H>
-inline void widen(float* out, const std::uint16_t* in, std::size_t m) {
-#if defined(__FLT16_MAX__)
-  if constexpr (std::is_same_v<H, half>) {
-    _Float16 tmp[256];
-    std::memcpy(tmp, in, m * 2);
-    for (std::size_t j = 0; j < m; ++j) out[j] = static_cast<float>(tmp[j]);
-    return;
-  } else  // (an else, not a loop after a return: nvcc warns about unreachable code)
-#endif
-  {
-    for (std::size_t j = 0; j < m; ++j) out[j] = H::to_float(in[j]);
-  }
-}
-template <class H>
-inline void narrow(std::uint16_t* out, const float* in, std::size_t m) {
-#if defined(__FLT16_MAX__)
-  if constexpr (std::is_same_v<H, half>) {
-    _Float16 tmp[256];
-    for (std::size_t j = 0; j < m; ++j) tmp[j] = static_cast<_Float16>(in[j]);
-    std::memcpy(out, tmp, m * 2);
-    return;
-  } else
-#endif
-  {
-    for (std::size_t j = 0; j < m; ++j) out[j] = H::from_float(in[j]);
-  }
-}
-
-// 16-bit floats: widen a block to float, reduce, round once.
+// 16-bit floats in register-wide vectors, with no conversion instruction needed (plain SSE2/NEON
+// integer and float lane operations): a 32-bit lane holds two adjacent elements (little-endian:
+// element 2j in the low half). Each is widened to float exactly, the inputs are reduced in float in
+// source order, and the sum is rounded once to nearest-even, NaN becoming the quiet NaN, exactly as
+// half::from_float and bfloat16::from_float round: so the vector body, the scalar tail and every
+// rank's result agree bit for bit. (The compiler's _Float16 conversions without F16C go through
+// libgcc one element at a time: 20-50x slower, measured by bench/ddp_micro.)
 template <class H, op_kind Op>
 void reduce_16(void* dst_v, const void* const* srcs, int n, std::size_t count, int divisor) {
-  constexpr std::size_t B = 256;
-  float acc[B], x[B];
-  std::uint16_t raw[B];
-  auto* dst = static_cast<std::uint16_t*>(dst_v);
-  for (std::size_t i = 0; i < count; i += B) {
-    const std::size_t m = std::min(B, count - i);
-    std::memcpy(raw, static_cast<const std::uint16_t*>(srcs[0]) + i, m * 2);
-    widen<H>(acc, raw, m);
-    for (int k = 1; k < n; ++k) {
-      std::memcpy(raw, static_cast<const std::uint16_t*>(srcs[k]) + i, m * 2);
-      widen<H>(x, raw, m);
-      for (std::size_t j = 0; j < m; ++j) acc[j] = apply<float, Op>(acc[j], x[j]);
+  auto* dst = static_cast<unsigned char*>(dst_v);
+  const float d = static_cast<float>(divisor);
+  std::size_t i = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  typedef float vf __attribute__((vector_size(vector_bytes)));
+  typedef std::uint32_t vu __attribute__((vector_size(vector_bytes)));
+  constexpr std::size_t E = vector_bytes / 2;  // elements per vector
+  const auto ld = [](const void* p, std::size_t o) {
+    vu v;
+    std::memcpy(&v, static_cast<const unsigned char*>(p) + o, sizeof v);
+    return v;
+  };
+  const auto as_float = [](vu u) {
+    vf f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  const auto as_bits = [](vf f) {
+    vu u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  };
+  // A 16-bit value in the low half of each lane -> float.
+  const auto widen = [&](vu h) -> vf {
+    if constexpr (std::is_same_v<H, bfloat16>) {
+      return as_float(h << 16);
+    } else {
+      const vu em = h & 0x7fffu, sign = (h & 0x8000u) << 16;
+      const vu normal = (em << 13) + (112u << 23);                 // rebias the exponent
+      const vu sub = as_bits(as_float((113u << 23) | (em << 13)) - as_float(vu{} + (113u << 23)));  // m * 2^-24
+      const vu infnan = (em << 13) | 0x7f800000u;
+      const vu r = em < 0x400u ? sub : normal;
+      return as_float((em >= 0x7c00u ? infnan : r) | sign);
     }
-    if constexpr (Op == op_kind::avg)
-      for (std::size_t j = 0; j < m; ++j) acc[j] /= static_cast<float>(divisor);
-    narrow<H>(raw, acc, m);
-    std::memcpy(dst + i, raw, m * 2);
+  };
+  // float -> a 16-bit value in the low half of each lane.
+  const auto narrow = [&](vf f) -> vu {
+    const vu x = as_bits(f);
+    if constexpr (std::is_same_v<H, bfloat16>) {
+      const vu rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+      return (x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : rounded;
+    } else {
+      const vu sign = (x >> 16) & 0x8000u, absx = x & 0x7fffffffu;
+      const vu normal = (absx - 0x38000000u + 0xfffu + ((absx >> 13) & 1u)) >> 13;
+      const vu sub = as_bits(as_float(absx) + 0.5f) - 0x3f000000u;  // the FPU rounds to 2^-24 units
+      vu r = absx < 0x38800000u ? sub : normal;
+      r = absx >= 0x477ff000u ? vu{} + 0x7c00u : r;
+      r = absx > 0x7f800000u ? vu{} + 0x7e00u : r;
+      return r | sign;
+    }
+  };
+  const auto combine = [](vf a, vf b) -> vf {
+    if constexpr (Op == op_kind::sum || Op == op_kind::avg) return a + b;
+    else if constexpr (Op == op_kind::prod) return a * b;
+    else if constexpr (Op == op_kind::min) return b < a ? b : a;
+    else return a < b ? b : a;
+  };
+  for (; i + E <= count; i += E) {
+    const std::size_t o = i * 2;
+    vu u = ld(srcs[0], o);
+    vf lo = widen(u & 0xffffu), hi = widen(u >> 16);
+    for (int k = 1; k < n; ++k) {
+      u = ld(srcs[k], o);
+      lo = combine(lo, widen(u & 0xffffu));
+      hi = combine(hi, widen(u >> 16));
+    }
+    if constexpr (Op == op_kind::avg) {
+      lo = lo / d;
+      hi = hi / d;
+    }
+    const vu out = narrow(lo) | (narrow(hi) << 16);
+    std::memcpy(dst + o, &out, sizeof out);
+  }
+#endif
+  for (; i < count; ++i) {
+    const std::size_t o = i * 2;
+    float a = H::to_float(load<std::uint16_t>(srcs[0], o));
+    for (int k = 1; k < n; ++k) a = apply<float, Op>(a, H::to_float(load<std::uint16_t>(srcs[k], o)));
+    if constexpr (Op == op_kind::avg) a /= d;
+    const std::uint16_t r = H::from_float(a);
+    std::memcpy(dst + o, &r, 2);
   }
 }
 

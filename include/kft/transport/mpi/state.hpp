@@ -114,12 +114,12 @@ struct state {
     return error_site::in(cfg.identity, rank, size, "mpi " + std::move(op), seq);
   }
   void check(int rc, const char* call, const std::string& op, std::uint64_t seq) const {
-    mpi_check(rc, call, site(op, seq));
+    if (rc != MPI_SUCCESS) mpi_check(rc, call, site(op, seq));  // (the site only on the failure path)
   }
   void require(const std::string& op, std::uint64_t seq) const {
     if (comm == MPI_COMM_NULL)
       throw usage_error("this communicator is empty (a split with a negative color)", site(op, seq));
-    stop.check(site(op, seq));
+    if (stop.stopped()) stop.check(site(op, seq));
   }
   int int_count(std::size_t count, const std::string& op, std::uint64_t seq) const {
     if (count > static_cast<std::size_t>(INT32_MAX))

@@ -21,6 +21,7 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
   auto k = s.begin(collective::allreduce, t, op, count, -1, a, o, in_off, out_off);
   if (a == algo::one_shot && bytes <= s.cfg.small_bytes) {
     if (bytes) std::memcpy(s.small(s.me, k.sig.seq), in, bytes);
+    s.staged.fetch_add(bytes, std::memory_order_relaxed);
     s.arrive_and_check(k);
     for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = s.small(r, k.sig.seq);
     kernels::reduce(out, s.srcs.data(), s.p, count, t, op, s.p);
@@ -43,6 +44,7 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
     s.claim_chunk(k, g);
     // 1. Copy in what the others will read: every slice but my own (I read mine in place).
     if (!zc_in) {
+      s.staged.fetch_add((a == algo::one_shot ? n : n - sn) * es, std::memory_order_relaxed);
       if (a == algo::one_shot) {
         std::memcpy(s.staging(s.me, g), src_user + off * es, n * es);
       } else {
@@ -67,6 +69,7 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
         s.set_stage(3 * g + 2);
         s.wait_stage(k, 3 * g + 2, "one-shot reduce");
         std::memcpy(dst_user + off * es, scratch, n * es);
+        s.staged.fetch_add(n * es, std::memory_order_relaxed);
       } else {
         kernels::reduce(dst_user + off * es, s.srcs.data(), s.p, n, t, op, s.p);
       }
@@ -80,7 +83,10 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
           (r == s.me && !zc_in ? src_user + off * es : src_of(r)) + sb * es;
     unsigned char* shared_slice = zc_out ? s.pool(s.me) + out_off + (off + sb) * es : s.staging(s.me, g) + sb * es;
     kernels::reduce(shared_slice, s.srcs.data(), s.p, sn, t, op, s.p);
-    if (!zc_out) kernels::copy(dst_user + (off + sb) * es, shared_slice, sn * es, stream);
+    if (!zc_out) {
+      kernels::copy(dst_user + (off + sb) * es, shared_slice, sn * es, stream);
+      s.staged.fetch_add(sn * es, std::memory_order_relaxed);
+    }
     s.set_stage(3 * g + 2);
     s.wait_stage(k, 3 * g + 2, "reduce-scatter");
     // 3. Allgather: the others' reduced slices into my output.

@@ -138,6 +138,11 @@ class communicator : public typed_collectives<communicator> {
     return {static_cast<T*>(allocate_bytes(count * sizeof(T))), count};
   }
 
+  /// @brief Bytes the allreduces so far copied between callers' buffers and staging memory
+  /// (copy-in, and copy-out of what was reduced aside). Inputs and outputs in the pool above
+  /// `config::small_bytes` add nothing: the DDP reducer's buckets travel without a copy.
+  std::uint64_t staged_bytes() const noexcept { return s_->staged.load(std::memory_order_relaxed); }
+
   /// @brief What algo::automatic runs for this collective and message size; `zero_copy` says
   /// the input is a buffer from `allocate()` (no copy-in, which moves the crossovers).
   algo choose(collective c, std::size_t bytes, bool zero_copy = false) const { return s_->choose(c, bytes, zero_copy); }

@@ -58,6 +58,9 @@ struct state {
   std::uint64_t seq = 0;    // calls made
   std::uint64_t chunk = 0;  // staging chunks used (alternating buffers)
   std::size_t pool_used = 0;
+  // Bytes an allreduce copied between the caller's buffers and staging memory (copy-in, and
+  // copy-out of what was reduced aside): zero for buffers in the pool above small_bytes.
+  std::atomic<std::uint64_t> staged{0};
   kft::detail::failure_latch stop;  // the first failure; later calls are refused with it
   std::mutex alloc_mu;
 
@@ -306,7 +309,7 @@ struct state {
 
   call begin(collective c, dtype t, op_kind op, std::size_t count, int root, algo a, const options& o,
              std::uint64_t in_off, std::uint64_t out_off) {
-    stop.check(site(std::string(name(c)), seq));
+    if (stop.stopped()) stop.check(site(std::string(name(c)), seq));  // (the site only on the failure path)
     if (hdr->aborted.load(std::memory_order_acquire)) {
       stop.set(hdr->abort_reason);
       throw remote_error("rank " + std::to_string(hdr->abort_rank.load()) + " stopped the group: " +

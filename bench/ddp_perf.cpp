@@ -1,0 +1,349 @@
+// ddp_perf: the DDP reducer against what users do without it, measured in one run.
+//
+//     kftrun --nproc-per-node 2 -- build-tests/bench/ddp_perf bucketing
+//     kftrun --nproc-per-node 2 -- build-tests/bench/ddp_perf compute --layers 8 --width 1024 --batch 64
+//
+// bucketing  200 gradients of 1 KiB - 1 MiB (log-uniform, the same on every rank): the
+//            reducer's buckets (first 1 MiB, cap 25 MiB) against one asynchronous allreduce per
+//            tensor on the same memory; then one 4 MiB tensor: the reducer against a plain
+//            allreduce of that buffer (what bucketing costs when there is nothing to fuse).
+// compute    an MLP's backward pass through OpenBLAS (dW = H^T dY, dX = dY W^T, per layer, one
+//            BLAS thread per rank): the reducer with overlap (mark_ready after each layer's dW)
+//            against allreduce-after-backward (the same reducer, everything marked after the
+//            last layer) and against deterministic mode, with
+//              B  the backward alone (under no_sync: no communication),
+//              C  the communication alone (every gradient ready at once),
+//              H  = 1 - max(0, T - B) / C, the hidden fraction (wall clock, not interval overlap).
+//            On a CPU the allreduce competes with the BLAS for the cores, so H is bounded; what
+//            must hold is that overlap is never slower than allreduce-after-backward.
+//
+// Every measurement is the slowest rank's; the variants alternate within each repetition in a
+// rotating order (no variant always runs first); the table shows medians of the repetitions and
+// the median of the per-repetition ratios. Numbers, not a pass/fail test: the run checks its
+// results (averages, replicas bit-identical) and prints how many were wrong.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include <kft/ddp/reducer.hpp>
+
+#include "ddp_common.hpp"
+
+using namespace ddp_bench;
+namespace ddp = kft::ddp;
+
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      auto p = line.find(':');
+      return p == std::string::npos ? line : line.substr(p + 2);
+    }
+  return "unknown CPU";
+}
+
+std::uint64_t fnv(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+// Runs the variants `reps` times in a rotating order; each variant's function returns its
+// time on this rank, recorded as the slowest rank's.
+std::vector<std::vector<double>> alternate(job& j, int reps, const std::vector<std::function<double()>>& variants) {
+  const std::size_t n = variants.size();
+  std::vector<std::vector<double>> t(n);
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t v = (k + static_cast<std::size_t>(r)) % n;
+      j.pg.barrier();
+      t[v].push_back(j.slowest(variants[v]()));
+    }
+  return t;
+}
+
+double median_ratio(const std::vector<double>& num, const std::vector<double>& den) {
+  std::vector<double> r;
+  for (std::size_t i = 0; i < num.size() && i < den.size(); ++i) r.push_back(num[i] / den[i]);
+  return median(r);
+}
+
+// ---- bucketing --------------------------------------------------------------------------------
+
+// The gradients' element counts: log-uniform byte sizes from one seed (the same on every rank).
+std::vector<std::size_t> tensor_counts(int tensors, std::size_t min_bytes, std::size_t max_bytes, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(std::log(static_cast<double>(min_bytes)),
+                                           std::log(static_cast<double>(max_bytes)));
+  std::vector<std::size_t> n;
+  for (int i = 0; i < tensors; ++i)
+    n.push_back(std::max<std::size_t>(1, static_cast<std::size_t>(std::exp(u(rng))) / sizeof(float)));
+  return n;
+}
+
+int bucketing(job& j, const std::vector<std::size_t>& counts, std::size_t min_bytes, std::size_t max_bytes, int reps,
+              std::uint64_t seed) {
+  auto& pg = j.pg;
+  const int tensors = static_cast<int>(counts.size());
+  std::vector<ddp::parameter> params;
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    params.push_back({counts[i], kft::dtype::f32, "t" + std::to_string(i)});
+    total += counts[i] * sizeof(float);
+  }
+  ddp::reducer red(pg, params, {.rebuild_buckets = false});
+  ddp::reducer one(pg, {{(4u << 20) / sizeof(float), kft::dtype::f32, "w"}}, {.rebuild_buckets = false});
+  const float mine = static_cast<float>(pg.rank() + 1);
+  const float want = static_cast<float>(pg.size() + 1) / 2.0f;  // the average of 1..p (exact for p <= 4)
+  auto fill = [&](auto& r) {
+    for (std::size_t i = 0; i < r.parameters(); ++i) {
+      auto g = r.template gradient<float>(i);
+      std::fill(g.begin(), g.end(), mine);
+    }
+  };
+  std::int64_t wrong = 0;
+  auto check = [&](auto& r) {
+    for (std::size_t i = 0; i < r.parameters(); ++i)
+      for (float v : r.template gradient<float>(i)) wrong += v != want;
+  };
+  std::vector<kft::async::work> works;
+  works.reserve(params.size());
+  auto bucketed = [&] {
+    fill(red);
+    pg.barrier();
+    const auto t0 = clk::now();
+    for (std::size_t i = params.size(); i-- > 0;) red.mark_ready(i);
+    red.finish();
+    const double t = seconds(t0, clk::now());
+    check(red);
+    return t;
+  };
+  auto per_tensor = [&] {
+    fill(red);
+    pg.barrier();
+    const auto t0 = clk::now();
+    for (std::size_t i = params.size(); i-- > 0;) {
+      auto g = red.gradient<float>(i);
+      works.push_back(pg.allreduce_async(g.data(), g.data(), g.size(), kft::dtype::f32, kft::op_kind::avg));
+    }
+    for (auto& w : works) w.wait();
+    const double t = seconds(t0, clk::now());
+    works.clear();
+    check(red);
+    return t;
+  };
+  auto single_reducer = [&] {
+    fill(one);
+    pg.barrier();
+    const auto t0 = clk::now();
+    one.mark_ready(0);
+    one.finish();
+    const double t = seconds(t0, clk::now());
+    check(one);
+    return t;
+  };
+  auto single_plain = [&] {
+    fill(one);
+    pg.barrier();
+    auto g = one.gradient<float>(0);
+    const auto t0 = clk::now();
+    pg.allreduce_async(g.data(), g.data(), g.size(), kft::dtype::f32, kft::op_kind::avg).wait();
+    const double t = seconds(t0, clk::now());
+    check(one);
+    return t;
+  };
+  alternate(j, 2, {bucketed, per_tensor, single_reducer, single_plain});  // warm-up
+  wrong = 0;
+  const auto t = alternate(j, reps, {bucketed, per_tensor, single_reducer, single_plain});
+  pg.allreduce(&wrong, &wrong, 1, kft::dtype::i64, kft::op_kind::sum);
+  if (pg.rank() == 0) {
+    std::printf("# ddp_perf bucketing: %d ranks (%s), %s\n", pg.size(), pg.description().c_str(), cpu_model().c_str());
+    std::printf("# %d f32 tensors of %zu B - %zu B (log-uniform, seed %" PRIu64 "), %.1f MiB in all; %zu bucket(s) "
+                "(first 1 MiB, cap 25 MiB); medians of %d alternating repetitions, slowest rank\n",
+                tensors, min_bytes, max_bytes, seed, static_cast<double>(total) / (1 << 20), red.buckets().size(), reps);
+    std::printf("# %-34s %12s %12s %10s\n", "case", "kft (ms)", "other (ms)", "other/kft");
+    const std::string what = std::to_string(tensors) + " tensors: buckets vs per-tensor";
+    std::printf("  %-34s %12.3f %12.3f %10.2f\n", what.c_str(), median(t[0]) * 1e3,
+                median(t[1]) * 1e3, median_ratio(t[1], t[0]));
+    std::printf("  %-34s %12.3f %12.3f %10.2f\n", "one 4 MiB tensor: reducer vs plain", median(t[2]) * 1e3,
+                median(t[3]) * 1e3, median_ratio(t[3], t[2]));
+    std::printf("# wrong values: %" PRId64 "\n", wrong);
+  }
+  return wrong == 0 ? 0 : 1;
+}
+
+// ---- compute ----------------------------------------------------------------------------------
+
+int compute(job& j, int layers, int width, int batch, int reps, int blas_threads) {
+  auto& pg = j.pg;
+  openblas_set_num_threads(blas_threads);
+  const auto W = static_cast<std::size_t>(width), N = static_cast<std::size_t>(batch);
+  const auto L = static_cast<std::size_t>(layers);
+  std::mt19937 rng(1234u + static_cast<unsigned>(pg.rank()));  // each rank its own data, as DDP's shards
+  std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(static_cast<float>(W)));
+  // Weights (the same on every rank: one seed), activations of a forward pass (this rank's batch).
+  std::mt19937 wrng(99u);
+  std::vector<std::vector<float>> w(L, std::vector<float>(W * W)), h(L + 1, std::vector<float>(N * W));
+  for (auto& m : w)
+    for (auto& x : m) x = nd(wrng);
+  for (auto& x : h[0]) x = nd(rng) * std::sqrt(static_cast<float>(W));
+  for (std::size_t l = 0; l < L; ++l) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, width, width, 1.0f, h[l].data(), width, w[l].data(),
+                width, 0.0f, h[l + 1].data(), width);
+    for (auto& x : h[l + 1]) x = std::max(x, 0.0f);  // ReLU
+  }
+  std::vector<float> dy0(N * W), dy(N * W), dx(N * W);
+  for (auto& x : dy0) x = nd(rng);
+
+  std::vector<ddp::parameter> params;
+  for (std::size_t l = 0; l < L; ++l) params.push_back({W * W, kft::dtype::f32, "fc" + std::to_string(l) + ".weight"});
+  ddp::reducer fast(pg, params);
+  ddp::reducer fixed(pg, params, {.deterministic = true});
+  if (!fast.shared_storage() || !fixed.shared_storage())
+    std::fprintf(stderr, "ddp_perf: bucket storage is not in the shared segment (%s reducer): numbers include copies\n",
+                 fast.shared_storage() ? "deterministic" : "default");
+
+  // One backward pass into `r`'s gradients; `overlap`: mark each layer as soon as its dW is done.
+  auto backward = [&](auto& r, bool overlap) {
+    std::copy(dy0.begin(), dy0.end(), dy.begin());
+    for (std::size_t l = L; l-- > 0;) {
+      float* dw = r.template gradient<float>(l).data();
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, width, width, batch, 1.0f, h[l].data(), width, dy.data(),
+                  width, 0.0f, dw, width);
+      if (overlap) r.mark_ready(l);
+      if (l == 0) break;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, width, width, 1.0f, dy.data(), width, w[l].data(),
+                  width, 0.0f, dx.data(), width);
+      for (std::size_t i = 0; i < N * W; ++i) dy[i] = h[l][i] > 0.0f ? dx[i] : 0.0f;  // ReLU'
+    }
+    if (!overlap)
+      for (std::size_t l = L; l-- > 0;) r.mark_ready(l);
+  };
+  auto timed = [&](auto& r, bool overlap) {
+    const auto t0 = clk::now();
+    backward(r, overlap);
+    r.finish();
+    return seconds(t0, clk::now());
+  };
+  auto T = [&] { return timed(fast, true); };
+  auto A = [&] { return timed(fast, false); };
+  auto D = [&] { return timed(fixed, true); };
+  auto B = [&] {
+    auto guard = fast.no_sync();
+    const double t = timed(fast, true);
+    return t;
+  };
+  auto C = [&] {
+    const auto t0 = clk::now();
+    for (std::size_t l = L; l-- > 0;) fast.mark_ready(l);
+    fast.finish();
+    return seconds(t0, clk::now());
+  };
+  alternate(j, 3, {T, A, D, B, C});  // warm-up (the first synced step rebuilds `fast`'s buckets)
+  const auto t = alternate(j, reps, {T, A, D, B, C});
+
+  // Checks: the two reducers' gradients of one more overlapped step agree with each other, and
+  // every rank holds the same bits.
+  timed(fast, true);
+  timed(fixed, true);
+  std::uint64_t hf = 1469598103934665603ull, hd = hf;
+  for (std::size_t l = 0; l < L; ++l) {
+    auto a = fast.gradient<float>(l);
+    auto b = fixed.gradient<float>(l);
+    hf = fnv(a.data(), a.size_bytes(), hf);
+    hd = fnv(b.data(), b.size_bytes(), hd);
+  }
+  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(pg.size()));
+  std::uint64_t mine[2] = {hf, hd};
+  pg.allgather(mine, all.data(), 2, kft::dtype::i64);  // 64 bits moved as they are
+  std::int64_t wrong = 0;
+  for (int r = 0; r < pg.size(); ++r)
+    for (int k = 0; k < 2; ++k) wrong += all[2 * static_cast<std::size_t>(r) + static_cast<std::size_t>(k)] != mine[k];
+  pg.allreduce(&wrong, &wrong, 1, kft::dtype::i64, kft::op_kind::sum);
+
+  if (pg.rank() == 0) {
+    std::vector<double> h_of;
+    for (std::size_t i = 0; i < t[0].size(); ++i)
+      h_of.push_back(1.0 - std::max(0.0, t[0][i] - t[3][i]) / t[4][i]);
+    const double flops = 2.0 * static_cast<double>(N * W * W) * (2.0 * static_cast<double>(L) - 1.0);
+    std::printf("# ddp_perf compute: %d ranks (%s), %s, OpenBLAS %s, %d BLAS thread(s) per rank\n", pg.size(),
+                pg.description().c_str(), cpu_model().c_str(), openblas_get_config(), blas_threads);
+    std::printf("# MLP backward: %d layers of %dx%d f32 weights (%.1f MiB of gradients), batch %d per rank, "
+                "%.2f GFLOP per backward; %zu bucket(s); medians of %d alternating repetitions, slowest rank\n",
+                layers, width, width, static_cast<double>(L * W * W * sizeof(float)) / (1 << 20), batch, flops * 1e-9,
+                fast.buckets().size(), reps);
+    std::printf("# T = overlap, A = allreduce after backward, D = deterministic (overlap), B = backward alone, "
+                "C = communication alone; H = 1 - max(0, T - B) / C\n");
+    std::printf("# %9s %9s %9s %9s %9s %7s %7s %7s\n", "T (ms)", "A (ms)", "D (ms)", "B (ms)", "C (ms)", "H", "A/T",
+                "D/T");
+    std::printf("  %9.3f %9.3f %9.3f %9.3f %9.3f %7.2f %7.3f %7.3f\n", median(t[0]) * 1e3, median(t[1]) * 1e3,
+                median(t[2]) * 1e3, median(t[3]) * 1e3, median(t[4]) * 1e3, median(h_of), median_ratio(t[1], t[0]),
+                median_ratio(t[2], t[0]));
+    std::printf("# overlap and deterministic gradients bit-identical: %s\n", hf == hd ? "yes" : "no");
+    std::printf("# wrong values: %" PRId64 " (ranks whose gradients differ from rank 0's)\n", wrong);
+  }
+  return wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"the DDP reducer against per-tensor allreduces and allreduce-after-backward"};
+  app.require_subcommand(1);
+  int reps = 15;
+  app.add_option("--reps", reps, "repetitions of each variant (medians)")->capture_default_str()->check(CLI::PositiveNumber);
+
+  auto* b = app.add_subcommand("bucketing", "200 small tensors: buckets vs one allreduce each; one 4 MiB tensor");
+  int tensors = 200;
+  std::string min_s = "1K", max_s = "1M";
+  std::uint64_t seed = 1;
+  b->add_option("--tensors", tensors, "how many gradients")->capture_default_str()->check(CLI::PositiveNumber);
+  b->add_option("--min", min_s, "smallest gradient (bytes, K/M suffix)")->capture_default_str();
+  b->add_option("--max", max_s, "largest gradient")->capture_default_str();
+  b->add_option("--seed", seed, "sizes' random seed")->capture_default_str();
+
+  auto* c = app.add_subcommand("compute", "an MLP backward through OpenBLAS: overlap vs after-backward vs deterministic");
+  int layers = 8, width = 1024, batch = 64, threads = 1;
+  c->add_option("--layers", layers, "layers (one weight each)")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--width", width, "layer width (weights are width x width)")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--batch", batch, "rows per rank")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--blas-threads", threads, "OpenBLAS threads per rank")->capture_default_str()->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*b) {
+      const std::size_t lo = parse_size(min_s), hi = parse_size(max_s);
+      if (lo < sizeof(float) || hi < lo) throw std::invalid_argument("--min/--max: need 4 <= min <= max");
+      const auto counts = tensor_counts(tensors, lo, hi, seed);
+      std::size_t bytes = 0;
+      for (auto n : counts) bytes += n * sizeof(float);
+      job j(bytes + (4u << 20) + (8u << 20));  // the buckets, the 4 MiB tensor, alignment
+      return bucketing(j, counts, lo, hi, reps, seed);
+    }
+    const std::size_t grad_bytes = static_cast<std::size_t>(layers) * static_cast<std::size_t>(width) *
+                                   static_cast<std::size_t>(width) * sizeof(float);
+    job j(3 * grad_bytes + (8u << 20));  // two reducers, and the first one's rebuild
+    return compute(j, layers, width, batch, reps, threads);
+  } catch (const kft::config_error& e) {
+    std::fprintf(stderr, "ddp_perf: %s\n", e.what());
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "ddp_perf: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp_perf: %s\n", e.what());
+    return 1;
+  }
+}
