@@ -207,21 +207,7 @@ int main(int argc, char** argv) {
     go.shm.timeout = 30s;
     go.shm.name = "ddp-worker";
     go.group.warn = false;
-    // KFT_HOST_ID "nodes" of one machine (the test's two-node layout): the CPU group over MPI
-    // directly, as the conformance suite builds it; otherwise the job's own group.
-    auto pg = [&] {
-#if KFT_WITH_MPI
-      if (mpi && std::getenv("KFT_HOST_ID") != nullptr) {
-        auto cfg = kft::group::mpi_group_config_from(kft::environment::process());
-        cfg.group.warn = false;
-        cfg.shm = go.shm;
-        auto g = kft::group::mpi_group(MPI_COMM_WORLD, kft::environment::process(), cfg);
-        const std::string what = "shared memory per node + MPI between nodes: " + g->layout().describe();
-        return kft::group::process_group(std::move(g), what);
-      }
-#endif
-      return kft::group::make_process_group(me, store.client, go);
-    }();
+    auto pg = kft::group::make_process_group(me, store.client, go);
     if (mode == "equivalence") status = equivalence(pg);
     else if (mode == "kill") status = kill_test(pg);
     else {

@@ -52,6 +52,14 @@ class backoff {
     }
     ++step_;
   }
+  /// @brief True when the next pause() would sleep: a waiter that can be woken (futex) sleeps
+  /// `sleep_time()` itself instead, then calls `slept()`.
+  bool sleeps_next() const noexcept { return step_ >= fast_spins_ + slow_spins_ + yields_; }
+  std::chrono::microseconds sleep_time() const noexcept { return sleep_; }
+  void slept() noexcept {
+    sleep_ = sleep_ * 2 > max_sleep_ ? max_sleep_ : sleep_ * 2;
+    ++step_;
+  }
   void reset() {
     step_ = 0;
     sleep_ = std::chrono::microseconds(50);

@@ -12,6 +12,7 @@
 /// | --- | --- |
 /// | every rank on one node | the node's shared-memory communicator |
 /// | several nodes, MPI initialised (mpirun, srun --mpi=pmix) | `cpu_group<mpi::communicator>` (`mpi_group`) |
+/// | `KFT_HOST_ID` set, MPI initialised | `mpi_group`: its topology exchange finds the nodes (one node: shm inside it) |
 /// | several nodes, no MPI | refused: no inter-node CPU transport without MPI yet |
 ///
 /// Environment read here: `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES`,
@@ -47,7 +48,21 @@ struct group_options {
 /// a setting is malformed
 inline process_group make_process_group(const world_info& w, std::shared_ptr<rendezvous::store> store,
                                         group_options o = {}, const environment& env = environment::process()) {
-  const bool one_node = w.world_size == 1 || w.node_count == 1 || (w.local_size && *w.local_size == w.world_size);
+  bool mpi_running = false;
+#if KFT_WITH_MPI
+  {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    mpi_running = initialized && !finalized;
+  }
+#endif
+  // KFT_HOST_ID names the node a rank is on, over what the launcher says (one machine split
+  // into "nodes", or hosts whose names collide): then the topology exchange inside the CPU
+  // group decides, not the launcher's local size.
+  const bool host_ids = w.world_size > 1 && mpi_running && env.get("KFT_HOST_ID").has_value();
+  const bool one_node =
+      !host_ids && (w.world_size == 1 || w.node_count == 1 || (w.local_size && *w.local_size == w.world_size));
   if (one_node) {
     auto comm = node_communicator(std::move(store), w, std::move(o.shm), env);
     const std::string what = "shared memory: 1 node x " + std::to_string(comm.size()) +
@@ -55,10 +70,7 @@ inline process_group make_process_group(const world_info& w, std::shared_ptr<ren
     return process_group(std::move(comm), what);
   }
 #if KFT_WITH_MPI
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) {
+  if (mpi_running) {
     mpi_group_config cfg;
     cfg.group = o.group;
     cfg.shm = std::move(o.shm);

@@ -66,6 +66,10 @@ struct alignas(64) header {
   std::atomic<std::uint32_t> aborted;      // published after the reason and rank are written
   std::atomic<std::int32_t> abort_rank;
   char abort_reason[512];
+  // Waking sleepers: a waiter past its spins counts itself in `sleepers` and futex-waits on
+  // `wake`; a rank that publishes progress bumps `wake` and wakes them when there are any.
+  alignas(64) std::atomic<std::uint32_t> sleepers;
+  std::atomic<std::uint32_t> wake;
 };
 
 constexpr std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <kft/core/backoff.hpp>
+#include <kft/core/futex.hpp>
 #include <kft/core/collective.hpp>
 #include <kft/core/deadline.hpp>
 #include <kft/core/dtype.hpp>
@@ -121,6 +122,7 @@ struct state {
     ctrl[me].pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
     ctrl[me].pid_ns.store(pid_namespace(), std::memory_order_relaxed);
     ctrl[me].ready.store(1, std::memory_order_release);
+    notify();
     std::chrono::steady_clock::time_point init_deadline{};
     wait_peers([&](int r) { return ctrl[r].ready.load(std::memory_order_acquire); }, 1, "set-up", nullptr,
                init_deadline, cfg.timeout);
@@ -212,6 +214,7 @@ struct state {
       std::snprintf(hdr->abort_reason, sizeof hdr->abort_reason, "%s", reason.c_str());
       hdr->abort_rank.store(me, std::memory_order_relaxed);
       hdr->aborted.store(1, std::memory_order_release);
+      notify();
     }
     stop.set(reason);
   }
@@ -267,7 +270,18 @@ struct state {
                            site(current ? std::string(name(static_cast<collective>(current->coll))) : "shm init",
                                 current ? current->seq : 0));
       }
-      b.pause();
+      if (b.sleeps_next()) {  // sleep until a peer publishes (or the sleep's bound)
+        hdr->sleepers.fetch_add(1, std::memory_order_seq_cst);
+        const std::uint32_t seen = hdr->wake.load(std::memory_order_seq_cst);
+        bool now = true;
+        for (int r = 0; r < p && now; ++r)
+          if (r != me && value_of(r) < target) now = false;
+        if (!now && !hdr->aborted.load(std::memory_order_acquire)) futex_wait(hdr->wake, seen, b.sleep_time());
+        hdr->sleepers.fetch_sub(1, std::memory_order_relaxed);
+        b.slept();
+      } else {
+        b.pause();
+      }
       if ((spin & 63) != 63) continue;
       const auto now = std::chrono::steady_clock::now();
       if (deadline == std::chrono::steady_clock::time_point{}) {  // first slow poll of this call
@@ -338,6 +352,7 @@ struct state {
   // signatures: the first synchronisation of every call.
   void arrive_and_check(const call& k) {
     box(me, k.sig.seq).seq.store(k.sig.seq, std::memory_order_release);
+    notify();
     wait_peers([&](int r) { return box(r, k.sig.seq).seq.load(std::memory_order_acquire); }, k.sig.seq, "arrival",
                &k.sig, k.deadline, k.timeout);
     for (int r = 0; r < p; ++r) {
@@ -362,7 +377,20 @@ struct state {
     wait_peers([&](int q) { return q == r ? ctrl[q].stage.load(std::memory_order_acquire) : ~0ULL; }, target, phase,
                &k.sig, k.deadline, k.timeout);
   }
-  void set_stage(std::uint64_t v) { ctrl[me].stage.store(v, std::memory_order_release); }
+  void set_stage(std::uint64_t v) {
+    ctrl[me].stage.store(v, std::memory_order_release);
+    notify();
+  }
+
+  // After publishing progress: wakes the ranks sleeping in wait_peers, if any. The fence pairs
+  // with a sleeper's read-modify-write of `sleepers` before its last look at the flags: either
+  // we see it counted, or it sees what we published.
+  void notify() noexcept {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (hdr->sleepers.load(std::memory_order_relaxed) == 0) return;
+    hdr->wake.fetch_add(1, std::memory_order_relaxed);
+    futex_wake_all(hdr->wake);
+  }
 
   // Staging chunk g may be written once every rank is done with chunk g-2 (same buffer).
   void claim_chunk(const call& k, std::uint64_t g) {
