@@ -34,11 +34,7 @@ struct all_gather {
     auto mine = [&](std::size_t i) { return v.mine(i); };
     auto gathered = [&](std::size_t i) { return v.gathered(i); };
     if (!in_place) {
-      v.fill_send(v.cnt, mine);
-      v.clear_recv();
-      v.upload_recv();
-      v.run_out_of_place();
-      v.changed += v.send_changed(v.cnt, mine);
+      v.out_of_place_with(v.cnt, mine);
     } else {
       v.clear_recv();
       v.fill_recv(static_cast<std::size_t>(v.me) * v.cnt, v.cnt, mine);

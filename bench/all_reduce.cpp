@@ -29,11 +29,7 @@ struct all_reduce {
     auto mine = [&](std::size_t i) { return v.mine(i); };
     auto reduced = [&](std::size_t i) { return v.reduced(i); };
     if (!in_place) {
-      v.fill_send(v.cnt, mine);
-      v.clear_recv();
-      v.upload_recv();
-      v.run_out_of_place();
-      v.changed += v.send_changed(v.cnt, mine);
+      v.out_of_place_with(v.cnt, mine);
     } else {
       v.fill_recv(0, v.cnt, mine);
       v.upload_recv();

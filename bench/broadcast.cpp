@@ -29,11 +29,7 @@ struct broadcast {
     auto rooted = [&](std::size_t i) { return v.rooted(i); };
     if (!in_place) {
       auto mine = [&](std::size_t i) { return v.mine(i); };
-      v.fill_send(v.cnt, mine);
-      v.clear_recv();
-      v.upload_recv();
-      v.run_out_of_place();
-      v.changed += v.send_changed(v.cnt, mine);
+      v.out_of_place_with(v.cnt, mine);
     } else {
       v.clear_recv();
       if (v.me == v.root) v.fill_recv(0, v.cnt, rooted);

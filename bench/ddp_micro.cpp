@@ -140,6 +140,7 @@ BENCHMARK(memcpy_kernel)->RangeMultiplier(16)->Range(4 << 10, 64 << 20);
 BENCHMARK_CAPTURE(reduce_kernel, f32_2in, kft::dtype::f32, 2)->RangeMultiplier(16)->Range(4 << 10, 64 << 20);
 BENCHMARK_CAPTURE(reduce_kernel, f32_4in, kft::dtype::f32, 4)->RangeMultiplier(16)->Range(4 << 10, 64 << 20);
 BENCHMARK_CAPTURE(reduce_kernel, bf16_2in, kft::dtype::bf16, 2)->RangeMultiplier(16)->Range(4 << 10, 64 << 20);
+BENCHMARK_CAPTURE(reduce_kernel, f16_2in, kft::dtype::f16, 2)->RangeMultiplier(16)->Range(4 << 10, 64 << 20);
 
 }  // namespace
 

@@ -619,6 +619,16 @@ struct check_ctx {
     if (be.device()) be.to_device(recv, hr, recv_bytes);
   }
   void run_out_of_place() { call(send, recv); }
+  /// The out-of-place check's first half, the same for every collective: `n` input elements
+  /// from `f`, a cleared output, the call, and a count of input elements the call changed.
+  template <class F>
+  void out_of_place_with(std::size_t n, F&& f) {
+    fill_send(n, f);
+    clear_recv();
+    upload_recv();
+    run_out_of_place();
+    changed += send_changed(n, f);
+  }
   void run_in_place() {
     const auto [in, out] = in_place();
     call(in, out);

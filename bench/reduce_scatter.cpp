@@ -35,11 +35,7 @@ struct reduce_scatter {
     auto mine = [&](std::size_t i) { return v.mine(i); };
     auto reduced = [&](std::size_t j) { return v.reduced(mine_at + j); };
     if (!in_place) {
-      v.fill_send(all, mine);
-      v.clear_recv();
-      v.upload_recv();
-      v.run_out_of_place();
-      v.changed += v.send_changed(all, mine);
+      v.out_of_place_with(all, mine);
       return v.recv_wrong(0, v.cnt, v.tol, reduced);
     }
     v.fill_recv(0, all, mine);
