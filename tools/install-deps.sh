@@ -11,14 +11,15 @@ set -euo pipefail
 
 build_pkgs=(cmake ninja-build g++ pkg-config git
             libcli11-dev nlohmann-json3-dev libhwloc-dev openmpi-bin libopenmpi-dev
-            libyaml-cpp-dev)                           # kft-manifest's YAML reading and writing
+            libyaml-cpp-dev                            # kft-manifest's YAML reading and writing
+            libopenblas-dev zlib1g-dev                 # example 05's BLAS and gzip reading
+            dataset-fashion-mnist)                     # example 05's data (the README's main job)
 test_pkgs=(libboost-test-dev
            slurmd slurmctld slurm-client libpmix-dev   # a real Slurm cluster on localhost
            python3-torch                               # torchrun (Debian's /usr/bin/python3)
            procps iproute2                             # pgrep/ps and ss (Slurm script), ip/tc (netns hosts)
            mpich                                       # mpirun.mpich: a launcher that is not kft's MPI (mix-up tests)
            python3-jsonschema python3-yaml             # manifest validation against the real CRDs
-           libopenblas-dev                             # bench/ddp_perf's BLAS layers (smoke-tested)
            libbenchmark-dev)                           # bench/ddp_micro, Google Benchmark (smoke-tested)
 
 bench_pkgs=(libgloo-dev                                # Gloo, a peer in allreduce_perf

@@ -106,6 +106,56 @@ BOOST_AUTO_TEST_CASE(typed_api_zero_copy_and_async) {
   }
 }
 
+// A zero-copy buffer belongs to its owner again the moment the call returns: the DDP reducer's
+// next backward pass writes into its bucket right away, while a slower peer may still be
+// reading it. Each rank overwrites its buffers with garbage at once and then checks the result
+// it got; a peer that read late would see the garbage.
+BOOST_AUTO_TEST_CASE(zero_copy_buffers_are_free_when_the_call_returns) {
+  for (int p : {2, 3}) {
+    with_ranks(p, "zcfree" + std::to_string(p), [&](shm::communicator& comm) {
+      const std::size_t n = 200003;  // many staging chunks
+      auto a = comm.allocate<float>(n);
+      auto b = comm.allocate<float>(n);
+      std::vector<float> priv(n), gathered(1000 * static_cast<std::size_t>(p));
+      const float total = static_cast<float>(p * (p + 1) / 2);
+      for (int iter = 0; iter < 40; ++iter) {
+        const auto algo_choice = iter % 2 ? kft::algo::two_shot : kft::algo::one_shot;
+        for (std::size_t i = 0; i < n; ++i) a[i] = static_cast<float>(comm.rank() + 1) * static_cast<float>(i % 7);
+        if (iter % 3 == 0) {  // in place
+          comm.allreduce(a, kft::ops::sum, {.algorithm = algo_choice});
+          std::vector<float> got(a.begin(), a.end());
+          std::fill(a.begin(), a.end(), -1e30f);
+          for (std::size_t i = 0; i < n; ++i)
+            if (got[i] != total * static_cast<float>(i % 7))
+              throw std::runtime_error("in-place zero-copy allreduce read a buffer its owner had rewritten, at " +
+                                       std::to_string(i) + " (iteration " + std::to_string(iter) + ")");
+        } else if (iter % 3 == 1) {  // pool in, private out
+          comm.allreduce(std::span<const float>(a), std::span<float>(priv), kft::ops::sum, {.algorithm = algo_choice});
+          std::fill(a.begin(), a.end(), -1e30f);
+          for (std::size_t i = 0; i < n; ++i)
+            if (priv[i] != total * static_cast<float>(i % 7))
+              throw std::runtime_error("zero-copy input read after its owner rewrote it, at " + std::to_string(i));
+        } else {  // pool in, pool out
+          comm.allreduce(std::span<const float>(a), b, kft::ops::sum, {.algorithm = algo_choice});
+          std::vector<float> got(b.begin(), b.end());
+          std::fill(b.begin(), b.end(), -1e30f);
+          std::fill(a.begin(), a.end(), -1e30f);
+          for (std::size_t i = 0; i < n; ++i)
+            if (got[i] != total * static_cast<float>(i % 7))
+              throw std::runtime_error("zero-copy output read after its owner rewrote it, at " + std::to_string(i));
+        }
+        auto piece = a.subspan(0, 1000);
+        for (std::size_t i = 0; i < 1000; ++i) piece[i] = static_cast<float>(comm.rank() * 1000 + static_cast<int>(i));
+        comm.allgather(std::span<const float>(piece), std::span<float>(gathered), {.algorithm = kft::algo::two_shot});
+        std::fill(piece.begin(), piece.end(), -1e30f);
+        for (std::size_t j = 0; j < gathered.size(); ++j)
+          if (gathered[j] != static_cast<float>(j))
+            throw std::runtime_error("zero-copy allgather input read after its owner rewrote it, at " + std::to_string(j));
+      }
+    });
+  }
+}
+
 BOOST_AUTO_TEST_CASE(mismatch_is_reported_on_both_sides) {
   std::mutex mu;
   std::vector<std::string> messages;

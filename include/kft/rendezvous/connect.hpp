@@ -11,6 +11,7 @@
 #include <kft/core/parse.hpp>
 #include <kft/discovery/world_info.hpp>
 #include <kft/rendezvous/detail/token_file.hpp>
+#include <kft/rendezvous/memory_store.hpp>
 #include <kft/rendezvous/tcp_store.hpp>
 #include <kft/rendezvous/torch_store.hpp>
 
@@ -76,6 +77,8 @@ inline std::string store_kind(const environment& env) {
 ///   and hands it over through a file only this user can read (`detail/token_file.hpp`); a
 ///   job on several hosts must set one secret on every rank. (With MPI, `mpi_bootstrap()`
 ///   needs no address or token.)
+/// - A single process with no launcher (world size 1, no rendezvous address): an in-process
+///   `memory_store`; nothing to meet.
 /// @throws config_error naming what is missing
 inline store_handle connect_store(const world_info& w, const environment& env = environment::process(),
                                   std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
@@ -93,6 +96,11 @@ inline store_handle connect_store(const world_info& w, const environment& env = 
     o.connect_timeout = timeout;
     h.client = std::make_shared<prefix_store>(std::make_shared<torch_tcp_store>(std::move(o)),
                                               "/worker/attempt_" + std::to_string(attempt) + "/kft/");
+    return h;
+  }
+
+  if (w.world_size == 1 && !env.has("KFT_STORE_ADDR") && (!w.master_addr || !w.master_port)) {
+    h.client = std::make_shared<memory_store>();
     return h;
   }
 

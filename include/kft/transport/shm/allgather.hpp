@@ -45,6 +45,8 @@ inline void allgather(state& s, const void* in, void* out, std::size_t sc, dtype
     }
     s.set_stage(3 * g + 3);
   }
+  // Peers may still be copying my zero-copy input, which the caller may overwrite once this returns.
+  if (zc) s.wait_stage(k, 3 * (s.chunk - 1) + 3, "zero-copy release");
 }
 
 inline void barrier(state& s, const options& o) {

@@ -99,6 +99,10 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
     if (stream) kernels::stream_fence();
     s.set_stage(3 * g + 3);
   }
+  // Peers may still be reading my zero-copy buffer (one-shot: my pool input, when the output is
+  // private; two-shot: my pool output's slice): the caller may write into it as soon as this
+  // returns (the DDP reducer's next backward pass), so wait until every rank is done with it.
+  if (a == algo::one_shot ? zc_in && !zc_out : zc_out) s.wait_stage(k, 3 * (s.chunk - 1) + 3, "zero-copy release");
 }
 
 }  // namespace shm::detail

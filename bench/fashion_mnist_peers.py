@@ -1,0 +1,122 @@
+#!/usr/bin/python3
+"""kft's DDP trainer beside PyTorch 1.13 on the Fashion-MNIST MLP, in one script.
+
+    /usr/bin/python3 bench/fashion_mnist_peers.py [--build build-tests] [--epochs 5]
+
+Runs, with the same MLP (784-256-128-10), data (Debian's dataset-fashion-mnist), batch (64 per
+rank), SGD (lr 0.05, momentum 0.9), epochs, evaluation schedule (4 per epoch) and target (87%):
+  kft, 1 rank and 2 ranks (kftrun, shared memory), 1 BLAS thread per rank;
+  PyTorch, 1 process and DDP (gloo, 2 ranks, torchrun), torch.set_num_threads(1);
+both sides on OpenBLAS (the script checks what torch loaded and says so). Then the wide MLP
+(4 x 1024 hidden) for 200 steps on 1 and 2 ranks, for weak scaling only. Prints a Markdown
+table of measured numbers and the ratios the issue targets; nothing here passes or fails.
+"""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+here = os.path.dirname(os.path.abspath(__file__))
+repo = os.path.dirname(here)
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def run(cmd, env=None):
+    e = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **(env or {}))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
+    if p.returncode != 0:
+        sys.exit(f"fashion_mnist_peers: {' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return p.stdout
+
+
+def kft(build, ranks, extra, baseline=None):
+    log = tempfile.mktemp(prefix="kft-fmnist-", suffix=".jsonl")
+    exe = os.path.join(build, "examples", "05-fashion-mnist")
+    args = [exe, "--threads", "1", "--quiet", "--log-json", log] + extra
+    if baseline:
+        args += ["--baseline-rate", str(baseline)]
+    cmd = args if ranks == 1 else [os.path.join(build, "tools", "kftrun"), "--nproc-per-node", str(ranks), "--"] + args
+    run(cmd)
+    with open(log) as f:
+        events = [json.loads(line) for line in f]
+    os.unlink(log)
+    s = [e for e in events if e["event"] == "summary"][-1]
+    epochs = [e for e in events if e["event"] == "epoch"]
+    return {"peer": "kft", "ranks": ranks, "seconds_per_epoch": sum(e["seconds"] for e in epochs) / max(1, len(epochs)),
+            "seconds_to_target": s["seconds_to_target"], "final_accuracy": s["final_accuracy"],
+            "samples_per_s": s["samples_per_s"], "train_seconds": s["train_seconds"]}
+
+
+def torch(ranks, extra):
+    script = os.path.join(here, "fashion_mnist_torch.py")
+    if ranks == 1:
+        out = run(["/usr/bin/python3", script] + extra)
+    else:
+        out = run(["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
+                   "--redirects", "9:0", "--tee", "9:0", "--monitor_interval", "0.2",
+                   script] + extra)
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+
+
+def fmt(v, unit=""):
+    return "-" if v is None else f"{v:.2f}{unit}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(repo, "build-tests"))
+    ap.add_argument("--epochs", type=int, default=5)
+    a = ap.parse_args()
+    if not os.path.exists(os.path.join(a.build, "examples", "05-fashion-mnist")):
+        sys.exit(f"fashion_mnist_peers: no {a.build}/examples/05-fashion-mnist: build it first (bash tests/run-all.sh)")
+
+    common = ["--epochs", str(a.epochs)]
+    k1 = kft(a.build, 1, common)
+    k2 = kft(a.build, 2, common, baseline=k1["samples_per_s"])
+    t1 = torch(1, common)
+    t2 = torch(2, common)
+    wide = ["--hidden", "1024,1024,1024,1024", "--max-steps", "200", "--epochs", "1"]
+    w_k1, w_k2 = kft(a.build, 1, wide + ["--evals-per-epoch", "1"]), kft(a.build, 2, wide + ["--evals-per-epoch", "1"])
+    w_t1, w_t2 = torch(1, wide + ["--evals-per-epoch", "1"]), torch(2, wide + ["--evals-per-epoch", "1"])
+
+    def eff(one, two):
+        return two["samples_per_s"] / (2 * one["samples_per_s"])
+
+    print(f"# Fashion-MNIST MLP 784-256-128-10, {a.epochs} epochs, batch 64/rank, SGD lr 0.05 momentum 0.9, "
+          f"1 BLAS thread per rank; {cpu_name()}, {os.cpu_count()} CPUs")
+    print(f"# PyTorch {t1['torch']} loaded: {t1['blas']}")
+    print()
+    print("| run | ranks | s/epoch | time to 87% (s) | final test acc | samples/s | weak-scaling eff. |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, r, e in (("kft", k1, None), ("kft (kftrun, shm)", k2, eff(k1, k2)),
+                       ("PyTorch 1 process", t1, None), ("PyTorch DDP (gloo, torchrun)", t2, eff(t1, t2))):
+        print(f"| {name} | {r['ranks']} | {r['seconds_per_epoch']:.2f} | {fmt(r['seconds_to_target'])} | "
+              f"{r['final_accuracy']:.4f} | {r['samples_per_s']:.0f} | {'-' if e is None else f'{100 * e:.0f}%'} |")
+    print()
+    print("| wide MLP 4 x 1024, 200 steps | 1 rank samples/s | 2 ranks samples/s | weak-scaling eff. |")
+    print("| --- | ---: | ---: | ---: |")
+    print(f"| kft | {w_k1['samples_per_s']:.0f} | {w_k2['samples_per_s']:.0f} | {100 * eff(w_k1, w_k2):.0f}% |")
+    print(f"| PyTorch | {w_t1['samples_per_s']:.0f} | {w_t2['samples_per_s']:.0f} | {100 * eff(w_t1, w_t2):.0f}% |")
+    print()
+    if k2["seconds_to_target"] and t2["seconds_to_target"] and t1["seconds_to_target"]:
+        print(f"kft 2 ranks time to 87% / PyTorch DDP: {k2['seconds_to_target'] / t2['seconds_to_target']:.2f} (target <= 0.4); "
+              f"/ PyTorch 1 process: {k2['seconds_to_target'] / t1['seconds_to_target']:.2f} (target <= 0.7)")
+    else:
+        print("a run did not reach 87%: no time-to-target ratio")
+
+
+if __name__ == "__main__":
+    main()

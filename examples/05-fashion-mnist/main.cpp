@@ -1,0 +1,204 @@
+// Example 05: data-parallel training of an MLP on Fashion-MNIST with kft's DDP trainer.
+//
+//   kftrun --nproc-per-node 2 -- build/examples/05-fashion-mnist
+//   mpirun -np 2 build/examples/05-fashion-mnist          (the same binary, unchanged)
+//   srun -n 2 build/examples/05-fashion-mnist
+//
+// The model (mlp.hpp, 784-256-128-10, matrix products through OpenBLAS) and the optimizer are
+// layer 1; kft::ddp::trainer glues them to the job's process group: every rank trains on its
+// share of each global batch, gradients are averaged while the backward pass runs, replicas are
+// compared every 100 steps, and rank 0 prints a table per epoch and a summary.
+// The data are Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist).
+#include <cblas.h>
+
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include <kft/ddp/trainer.hpp>
+#include <kft/group/factory.hpp>
+#include <kft/kft.hpp>
+#if KFT_WITH_MPI
+#include <mpi.h>
+
+#include <kft/rendezvous/mpi_bootstrap.hpp>
+#endif
+
+#include "idx.hpp"
+#include "mlp.hpp"
+
+namespace {
+
+std::vector<int> parse_widths(const std::string& hidden) {
+  std::vector<int> w;
+  std::stringstream ss(hidden);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    std::size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != part.size() || v < 1 || v > 65536)
+      throw CLI::ValidationError("--hidden", "\"" + hidden + "\": expected widths like 256,128 (each 1..65536)");
+    w.push_back(v);
+  }
+  if (w.empty()) throw CLI::ValidationError("--hidden", "no hidden layer given");
+  return w;
+}
+
+}  // namespace
+
+namespace {
+
+// Started by an MPI launcher (mpirun, srun --mpi=pmix)? Then MPI is initialised and is the
+// bootstrap (and, across nodes, the transport between them). A kftrun/torchrun worker inherits
+// its agent's PMIx variables, so those never count (kft-info's rule).
+bool mpi_launched() {
+  const auto env = kft::environment::process();
+  return (env.has("OMPI_COMM_WORLD_SIZE") || env.has("PMIX_RANK") || env.has("PMI_SIZE")) &&
+         !env.has("TORCHELASTIC_RUN_ID");
+}
+
+struct mpi_session {
+  bool on = false;
+  mpi_session(int& argc, char**& argv) {
+#if KFT_WITH_MPI
+    if (!mpi_launched()) return;
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    on = true;
+#else
+    (void)argc;
+    (void)argv;
+#endif
+  }
+  ~mpi_session() {
+#if KFT_WITH_MPI
+    if (on) MPI_Finalize();
+#endif
+  }
+};
+
+int run(int argc, char** argv);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mpi_session mpi(argc, argv);
+  return run(argc, argv);
+}
+
+namespace {
+int run(int argc, char** argv) {
+  CLI::App app{"Data-parallel MLP training on Fashion-MNIST with kft's DDP trainer (run it under kftrun, mpirun or srun)"};
+  std::string data = "/usr/share/datasets/fashion-mnist", hidden = "256,128", optimizer = "sgd", log_json, ckpt_dir;
+  kft::ddp::trainer_options to;
+  to.epochs = 5;
+  float lr = 0.05f, momentum = 0.9f, weight_decay = 0.0f;
+  int threads = 0, evals_per_epoch = 4;
+  double target = 0.87;
+  bool require_target = false;
+  std::uint64_t bucket_cap_mib = 25;
+  app.add_option("--data", data, "directory with the four *-ubyte.gz files")->capture_default_str();
+  app.add_option("--hidden", hidden, "hidden layer widths, comma-separated")->capture_default_str();
+  app.add_option("--epochs", to.epochs, "epochs")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch", to.batch, "samples per rank per step")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--accumulate", to.accumulate, "micro-batches per optimizer step")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--optimizer", optimizer, "sgd or adamw")->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
+  app.add_option("--lr", lr, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--momentum", momentum, "SGD momentum")->check(CLI::Range(0.0f, 0.999f))->capture_default_str();
+  app.add_option("--weight-decay", weight_decay, "weight decay")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  app.add_option("--seed", to.seed, "seed of the sample order and the initial weights")->capture_default_str();
+  app.add_option("--target", target, "test accuracy whose time is reported")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_flag("--require-target", require_target, "exit 3 when the final test accuracy is below --target");
+  app.add_option("--evals-per-epoch", evals_per_epoch, "test evaluations per epoch")->check(CLI::Range(1, 100))->capture_default_str();
+  app.add_option("--threads", threads, "BLAS threads per rank (default: cores / ranks on the node)")->check(CLI::Range(1, 1024));
+  app.add_option("--bucket-cap-mib", bucket_cap_mib, "the reducer's bucket cap")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_flag("--deterministic", to.deterministic, "bit-identical results for any number of ranks dividing --micro-shards");
+  app.add_option("--global-batch", to.global_batch, "deterministic: samples per step over all ranks (default batch x ranks)");
+  app.add_option("--micro-shards", to.micro_shards, "deterministic: fixed shards per global batch (default: ranks)");
+  app.add_option("--checkpoint-dir", ckpt_dir, "write checkpoints here (and resume from them with --resume)");
+  app.add_option("--checkpoint-every", to.checkpoint_every, "steps between checkpoints (0: each epoch's end)")->capture_default_str();
+  app.add_flag("--resume", to.resume, "start from the newest valid checkpoint in --checkpoint-dir, if any");
+  app.add_option("--max-steps", to.max_steps, "stop after this many steps (0: no limit)")->capture_default_str();
+  app.add_option("--verify-every", to.verify_every, "steps between replica comparisons")->capture_default_str();
+  app.add_option("--baseline-rate", to.baseline_samples_per_s, "one rank's samples/s, for the weak-scaling efficiency");
+  app.add_flag("--quiet", to.quiet, "print only the summary");
+  app.add_option("--log-json", log_json, "append JSON lines (start, eval, epoch, checkpoint, summary) to this file");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (to.resume && ckpt_dir.empty()) throw CLI::ValidationError("--resume", "needs --checkpoint-dir");
+    std::vector<int> widths{784};
+    for (int w : parse_widths(hidden)) widths.push_back(w);
+    widths.push_back(10);
+
+    const kft::world_info me = kft::discover();
+#if KFT_WITH_MPI
+    auto store = mpi_launched() ? kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD) : kft::rendezvous::connect_store(me);
+#else
+    auto store = kft::rendezvous::connect_store(me);
+#endif
+    kft::group::group_options go;
+    go.shm.pool_bytes = 256u << 20;  // bucket storage inside the shared segment
+    auto pg = kft::group::make_process_group(me, store.client, go);
+
+    if (!threads) threads = kft::ddp::compute_threads(me.local_size.value_or(1));
+    openblas_set_num_threads(threads);
+
+    const fmnist::dataset train = fmnist::load_split(data, "train"), test = fmnist::load_split(data, "t10k");
+    fmnist::mlp model(widths, &train, &test, to.seed + 1);
+
+    to.threads = threads;
+    to.target_accuracy = target;
+    to.log_json = log_json;
+    to.checkpoint_dir = ckpt_dir;
+    to.reducer.limits.bucket_bytes_cap = bucket_cap_mib << 20;
+    to.label = "Fashion-MNIST MLP " + [&] {
+      std::string s;
+      for (std::size_t i = 0; i < widths.size(); ++i) s += (i ? "-" : "") + std::to_string(widths[i]);
+      return s;
+    }();
+    const std::uint64_t global = to.deterministic && to.global_batch ? to.global_batch : to.batch * static_cast<std::uint64_t>(pg.size());
+    const std::uint64_t steps_per_epoch = (train.n + global * to.accumulate - 1) / (global * to.accumulate);
+    to.eval_every = std::max<std::uint64_t>(1, steps_per_epoch / static_cast<std::uint64_t>(evals_per_epoch));
+    if (evals_per_epoch == 1) to.eval_every = 0;
+
+    kft::ddp::fit_summary s;
+    if (optimizer == "sgd") {
+      kft::ddp::sgd opt({.lr = lr, .momentum = momentum, .weight_decay = weight_decay});
+      kft::ddp::trainer t(pg, model, opt, to);
+      s = t.fit(train.n, test.n);
+    } else {
+      kft::ddp::adam opt({.lr = lr, .weight_decay = weight_decay});
+      kft::ddp::trainer t(pg, model, opt, to);
+      s = t.fit(train.n, test.n);
+    }
+    if (require_target && s.final_accuracy < target) {
+      if (pg.rank() == 0)
+        std::fprintf(stderr, "05-fashion-mnist: final test accuracy %.4f is below the target %.2f\n", s.final_accuracy, target);
+      return 3;
+    }
+    return 0;
+  } catch (const CLI::Error& e) {
+    return app.exit(e);
+  } catch (const kft::config_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const kft::usage_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const kft::error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "05-fashion-mnist: %s\n", e.what());
+    return 1;
+  }
+}
+}  // namespace

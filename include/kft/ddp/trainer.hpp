@@ -1,0 +1,871 @@
+/// @file kft/ddp/trainer.hpp
+/// @brief The generic DDP trainer: your model and optimizer (layer 1) on kft's reducer and
+/// process group (layer 2), the way wrapping a model in DDP and a DistributedSampler does in
+/// Python.
+///
+///     auto pg = kft::group::make_process_group(me, store.client);
+///     my_model m(...);                               // kft::ddp::model (below)
+///     kft::ddp::sgd opt({.lr = 0.05f, .momentum = 0.9f});
+///     kft::ddp::trainer t(pg, m, opt, {.batch = 64, .epochs = 3});
+///     t.fit(train_size, test_size);                 // or t.step(indices) ... t.join() in your own loop
+///
+/// What it does (docs/ddp.md):
+///  - **start**: the model's parameters must match on every rank (the reducer names the first
+///    difference); parameters and optimizer state are broadcast from rank 0; with `resume`,
+///    every rank loads the newest valid checkpoint rank 0 found and proves it loaded the same.
+///  - **steps**: this rank's share of each global batch (`distributed_sampler`), forward and
+///    backward through the model, whose gradients are views into the reducer's buckets and
+///    travel while the backward pass still runs; `accumulate` micro-batches per optimizer step
+///    (all but the last under `no_sync`).
+///  - **uneven inputs** (`step` + `join` in your own loop): a rank that runs dry shadows the
+///    others' steps with zero gradients until every rank has; the count of contributing
+///    micro-batches rides in the last bucket (no collective of its own), and the optimizer
+///    step divides by it, so the final model is the same on every rank.
+///  - **deterministic mode**: a global batch is cut into `micro_shards` fixed shards; each
+///    shard's gradient is turned into 64-bit fixed point and the shards are summed as integers,
+///    which is exact in any order, so the parameters are bit-identical for any number of ranks
+///    that divides `micro_shards`, any bucket cap and any arrival order.
+///  - **checks, always on**: every `verify_every` steps and at every checkpoint the ranks
+///    compare a hash of every parameter (`desync_error` names the first parameter and the
+///    ranks that differ: a layer-2 fault); a NaN or infinite loss or gradient stops every rank
+///    at that step (`numerics_error` names the rank, the step and the first bad parameter: a
+///    layer-1 fault).
+///  - **checkpoints** (checkpoint.hpp): model, optimizer state, sampler (seed, epoch, cursor),
+///    step and the trainer's RNG, written atomically by rank 0.
+///  - **progress** on rank 0 (a live line on a terminal, plain lines otherwise, `quiet`, a
+///    JSON-lines log).
+#pragma once
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <kft/core/error.hpp>
+#include <kft/ddp/checkpoint.hpp>
+#include <kft/ddp/optim.hpp>
+#include <kft/ddp/reducer.hpp>
+#include <kft/ddp/sampler.hpp>
+#include <kft/group/process_group.hpp>
+
+KFT_NAMESPACE_BEGIN
+namespace ddp {
+
+/// @brief Layer 1 went wrong: a NaN or infinite loss or gradient.
+class numerics_error : public error {
+  using error::error;
+};
+/// @brief Layer 2 went wrong: replicas that should be identical are not.
+class desync_error : public mismatch_error {
+  using mismatch_error::mismatch_error;
+};
+
+/// @brief One parameter of a model: its name and its values.
+struct tensor_ref {
+  std::string name;
+  std::span<float> value;
+};
+
+/// @brief What a batch produced: summed loss, correct predictions, samples.
+struct batch_stats {
+  double loss_sum = 0.0;
+  std::uint64_t correct = 0;
+  std::uint64_t count = 0;
+  batch_stats& operator+=(const batch_stats& o) {
+    loss_sum += o.loss_sum;
+    correct += o.correct;
+    count += o.count;
+    return *this;
+  }
+};
+
+/// @brief Where a model's backward pass puts its gradients.
+///
+/// `g[i]` is parameter i's gradient buffer: overwrite it, or add into it when `accumulate()`
+/// (a later micro-batch of an accumulated step). Call `ready(i)` once per parameter as soon
+/// as its gradient is final: the reducer may send it while the rest of backward runs.
+class gradients {
+ public:
+  using ready_fn = void (*)(void*, std::size_t);
+  gradients(std::span<const std::span<float>> views, bool accumulate, ready_fn fn, void* ctx)
+      : views_(views), accumulate_(accumulate), fn_(fn), ctx_(ctx) {}
+  std::span<float> operator[](std::size_t i) const { return views_[i]; }
+  std::size_t size() const noexcept { return views_.size(); }
+  bool accumulate() const noexcept { return accumulate_; }
+  void ready(std::size_t i) const { fn_(ctx_, i); }
+
+ private:
+  std::span<const std::span<float>> views_;
+  bool accumulate_;
+  ready_fn fn_;
+  void* ctx_;
+};
+
+/// @brief What the trainer needs of a model.
+///
+///  - `parameters()`: every trainable tensor, in a fixed order (the same on every rank);
+///  - `forward_backward(indices, g)`: the training samples `indices`; writes the gradients of
+///    the batch's *mean* loss into `g` (calling `g.ready(i)` for each) and returns the
+///    batch's summed loss, correct predictions and count;
+///  - `evaluate(indices)`: the same statistics on test samples, no gradients.
+template <class M>
+concept model = requires(M& m, std::span<const std::uint32_t> idx, gradients& g) {
+  { m.parameters() } -> std::convertible_to<std::vector<tensor_ref>>;
+  { m.forward_backward(idx, g) } -> std::same_as<batch_stats>;
+  { m.evaluate(idx) } -> std::same_as<batch_stats>;
+};
+
+/// @brief Compute threads one rank should use: the cores it may run on / ranks on its node.
+inline int compute_threads(int local_ranks) {
+  cpu_set_t set;
+  int cores = 0;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
+  if (cores <= 0) cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  return std::max(1, cores / std::max(1, local_ranks));
+}
+
+/// @brief The trainer's reductions: float buckets averaged, integer buckets summed (the
+/// deterministic mode's fixed point and the contribution counts).
+struct trainer_hook {
+  template <class G>
+  auto launch(G& g, bucket_view& b) {
+    const bool floating = b.type == dtype::f32 || b.type == dtype::f64 || b.type == dtype::f16 || b.type == dtype::bf16;
+    return g.allreduce_async(b.data, b.data, b.count, b.type, floating ? op_kind::avg : op_kind::sum, b.opts);
+  }
+  void complete(bucket_view&) {}
+};
+
+struct trainer_options {
+  std::uint64_t batch = 64;       ///< samples per rank per micro-batch
+  std::uint64_t epochs = 1;
+  std::uint64_t accumulate = 1;   ///< micro-batches per optimizer step
+  std::uint64_t seed = 0;         ///< the sampler's (and the trainer RNG's) seed
+  bool shuffle = true;
+  bool drop_last = false;         ///< drop each epoch's last, shorter global batch
+  /// Bit-identical results for any number of ranks dividing `micro_shards` (file comment).
+  bool deterministic = false;
+  std::uint64_t global_batch = 0;  ///< deterministic: samples per micro-batch over all ranks (0: batch x ranks)
+  std::uint64_t micro_shards = 0;  ///< deterministic: fixed shards per global batch (0: the number of ranks)
+  int fraction_bits = 32;          ///< deterministic: fixed point with 2^-fraction_bits resolution
+  std::uint64_t verify_every = 100;  ///< steps between replica comparisons (0: only at checkpoints)
+  std::filesystem::path checkpoint_dir;  ///< empty: no checkpoints
+  std::uint64_t checkpoint_every = 0;    ///< steps (0: at the end of each epoch)
+  std::uint64_t keep_checkpoints = 2;
+  bool resume = false;                   ///< start from the newest valid checkpoint, if any
+  write_progress checkpoint_progress;    ///< called while rank 0 writes a checkpoint
+  std::uint64_t max_steps = 0;           ///< stop after this many optimizer steps (0: no limit)
+  /// Called on every rank after each optimizer step of fit() with the step's number (learning
+  /// rate schedules, custom logging); runs before that step's evaluation and checkpoint.
+  std::function<void(std::uint64_t)> on_step;
+  std::uint64_t eval_every = 0;          ///< steps between evaluations (0: at the end of each epoch)
+  std::uint64_t eval_batch = 1000;
+  double target_accuracy = 0.0;          ///< report the time the test accuracy first reaches it
+  reducer_options reducer{};
+  // Reporting (rank 0).
+  bool quiet = false;
+  std::string log_json;                  ///< JSON-lines log file ("" = none)
+  int threads = 0;                       ///< compute threads per rank, for the report (0: not reported)
+  double baseline_samples_per_s = 0.0;   ///< one rank's rate, for the weak-scaling efficiency
+  std::string label;                     ///< what is trained, for the banner
+};
+
+/// @brief One evaluation.
+struct eval_point {
+  std::uint64_t step = 0;
+  double epoch = 0.0;         ///< fractional epoch
+  double train_seconds = 0.0;  ///< training time so far (evaluations excluded)
+  double loss = 0.0;
+  double accuracy = 0.0;
+};
+
+/// @brief What `fit` measured.
+struct fit_summary {
+  std::uint64_t steps = 0;
+  std::uint64_t samples = 0;      ///< trained, all ranks together
+  double train_seconds = 0.0;
+  double wall_seconds = 0.0;
+  double exposed_comm_seconds = 0.0;  ///< waiting in finish(), after the backward pass
+  double final_accuracy = 0.0;
+  double final_loss = 0.0;
+  std::optional<double> seconds_to_target;  ///< training time when the target accuracy was first reached
+  double samples_per_s = 0.0;
+  std::vector<eval_point> evals;
+  std::uint64_t resumed_from = 0;  ///< the checkpoint's step (0: a fresh start)
+};
+
+template <model M, optimizer O, class Group = group::process_group>
+class trainer {
+ public:
+  /// @brief Collective: builds the reducer, resumes when asked, broadcasts rank 0's state and
+  /// verifies the replicas.
+  trainer(Group& g, M& m, O& opt, trainer_options o = {})
+      : g_(g), m_(m), opt_(opt), o_(std::move(o)), tensors_(m_.parameters()), rng_{o_.seed ^ 0x6B667472ull} {
+    if (tensors_.empty()) throw usage_error("trainer: the model has no parameters", site("ddp trainer"));
+    if (o_.batch == 0 || o_.accumulate == 0 || o_.eval_batch == 0)
+      throw usage_error("trainer: batch, accumulate and eval_batch must be >= 1", site("ddp trainer"));
+    const auto n = static_cast<std::uint64_t>(g_.size());
+    if (o_.deterministic) {
+      if (!o_.global_batch) o_.global_batch = o_.batch * n;
+      if (!o_.micro_shards) o_.micro_shards = n;
+      if (o_.micro_shards % n != 0)
+        throw usage_error("trainer: deterministic mode needs micro_shards (" + std::to_string(o_.micro_shards) +
+                              ") to be a multiple of the number of ranks (" + std::to_string(n) + ")",
+                          site("ddp trainer"));
+      if (o_.fraction_bits < 8 || o_.fraction_bits > 48)
+        throw usage_error("trainer: fraction_bits = " + std::to_string(o_.fraction_bits) + " (8..48)",
+                          site("ddp trainer"));
+    } else {
+      o_.global_batch = o_.batch * n;
+    }
+    // The reducer: index 0 is the trainer's own two values (contributing micro-batches, ranks
+    // with a non-finite loss), registered first so that they travel in the last bucket, marked
+    // once the backward pass is over.
+    std::vector<parameter> ps;
+    const dtype grad_type = o_.deterministic ? dtype::i64 : dtype::f32;
+    ps.push_back({2, grad_type, "kft.trainer.counts"});
+    sizes_.reserve(tensors_.size());
+    for (const auto& t : tensors_) {
+      ps.push_back({t.value.size(), grad_type, t.name});
+      sizes_.push_back(t.value.size());
+    }
+    reducer_options ro = o_.reducer;
+    if (o_.deterministic) ro.deterministic = true;
+    r_.emplace(g_, std::move(ps), ro);
+    opt_.bind(sizes_);
+    views_.resize(tensors_.size());
+    if (o_.deterministic) {
+      local_.resize(tensors_.size());
+      for (std::size_t i = 0; i < tensors_.size(); ++i) local_[i].assign(sizes_[i], 0.0f);
+      avg_ = local_;
+    }
+    if (o_.resume && !o_.checkpoint_dir.empty()) resume();
+    broadcast_state();
+    verify_replicas("start");
+  }
+
+  const trainer_options& settings() const noexcept { return o_; }
+  std::uint64_t step_count() const noexcept { return step_; }
+  std::uint64_t epoch() const noexcept { return sampler_ ? sampler_->epoch() : epoch_; }
+  const reducer<Group, trainer_hook>& reduction() const { return *r_; }
+  /// @brief The trainer's RNG (seeded from the options, kept in checkpoints): for dropout and the like.
+  splitmix64& rng() noexcept { return rng_; }
+  /// @brief A hash of every parameter's bits (equal models, equal values).
+  std::uint64_t parameters_hash() const {
+    std::uint64_t h = 0;
+    for (const auto& t : tensors_) h = hash64(t.value.data(), t.value.size_bytes(), h);
+    return h;
+  }
+  /// @brief Exposed communication so far: seconds waiting in the reducer's finish().
+  double exposed_comm_seconds() const noexcept { return comm_s_; }
+
+  /// @brief One optimizer step on this rank's samples `indices` (your own loop; accumulate = 1).
+  /// Every rank calls step() until it runs out of data, then join().
+  batch_stats step(std::span<const std::uint32_t> indices) {
+    if (o_.deterministic) throw usage_error("trainer: step() is the normal mode's; deterministic training runs through fit()",
+                                            site("ddp step"));
+    std::vector<std::uint32_t> one(indices.begin(), indices.end());
+    micro_.assign(1, std::move(one));
+    auto s = run_step();
+    after_step();
+    return s;
+  }
+
+  /// @brief This rank has no more data: shadow the others' steps (zero gradients, the same
+  /// optimizer updates) until every rank has joined. Returns the steps shadowed.
+  std::uint64_t join() {
+    std::uint64_t shadowed = 0;
+    for (;;) {
+      auto& r = *r_;
+      r.zero_grad();
+      for (std::size_t i = 0; i <= tensors_.size(); ++i) r.mark_ready(i);  // counts (index 0) stay 0
+      timed_finish();
+      const auto [contributions, bad] = counts();
+      if (contributions == 0) break;  // every rank has joined
+      check_loss(bad, false);
+      apply(contributions);
+      ++step_;
+      ++shadowed;
+      after_step();
+    }
+    return shadowed;
+  }
+
+  /// @brief Trains on samples 0..train_size-1 and evaluates on 0..test_size-1 (the model's
+  /// sets) for `epochs` epochs, or until `max_steps`.
+  fit_summary fit(std::uint64_t train_size, std::uint64_t test_size) {
+    sampler_.emplace(sampler_options{train_size, o_.seed, o_.shuffle, o_.drop_last});
+    if (restored_) sampler_->restore(*restored_);
+    else sampler_->set_epoch(epoch_);
+    test_size_ = test_size;
+    fit_summary sum;
+    sum.resumed_from = resumed_step_;
+    open_log();
+    banner(train_size, test_size);
+    const auto t_start = clk::now();
+    const std::uint64_t first_epoch = sampler_->epoch();
+    bool stop = false;
+    for (std::uint64_t e = first_epoch; e < o_.epochs && !stop; ++e) {
+      if (e != first_epoch || !restored_) sampler_->set_epoch(e);
+      restored_.reset();
+      epoch_ = e;
+      batch_stats es;
+      const double comm0 = comm_s_;
+      const auto te = clk::now();
+      double eval_s = 0.0;
+      const std::uint64_t steps_in_epoch = (sampler_->batches_left(o_.global_batch) + o_.accumulate - 1) / o_.accumulate;
+      std::uint64_t k = 0;
+      while (!stop) {
+        if (!gather_micro_batches()) break;
+        es += run_step();
+        after_step();
+        if (o_.on_step) o_.on_step(step_);
+        ++k;
+        sum.samples += last_samples_;
+        progress(e, k, steps_in_epoch, es, clk::now() - te);
+        if (o_.eval_every && step_ % o_.eval_every == 0) {
+          const auto t0 = clk::now();
+          record_eval(sum, seconds(t_start, t0) - eval_total_);
+          eval_s += seconds(t0, clk::now());
+          eval_total_ += seconds(t0, clk::now());
+        }
+        if (o_.checkpoint_every && step_ % o_.checkpoint_every == 0) save_checkpoint();
+        if (o_.max_steps && step_ >= o_.max_steps) stop = true;
+      }
+      // The epoch's training statistics over every rank.
+      double tot[3] = {es.loss_sum, static_cast<double>(es.correct), static_cast<double>(es.count)};
+      g_.allreduce(tot, tot, 3, dtype::f64, op_kind::sum, options{});
+      const double train_s = seconds(te, clk::now()) - eval_s;
+      if (!o_.eval_every || sum.evals.empty() || sum.evals.back().step != step_) {
+        const auto t0 = clk::now();
+        record_eval(sum, seconds(t_start, t0) - eval_total_);
+        eval_total_ += seconds(t0, clk::now());
+      }
+      const bool epoch_done = !sampler_->next(o_.global_batch);
+      if (!o_.checkpoint_dir.empty() && !o_.checkpoint_every && epoch_done) save_checkpoint(epoch_done);
+      epoch_line(e, tot, train_s, comm_s_ - comm0, sum.evals.back());
+      if (epoch_done && e + 1 < o_.epochs) sampler_->set_epoch(e + 1);
+    }
+    sum.steps = step_;
+    sum.wall_seconds = seconds(t_start, clk::now());
+    sum.train_seconds = sum.wall_seconds - eval_total_;
+    sum.exposed_comm_seconds = comm_s_;
+    if (!sum.evals.empty()) {
+      sum.final_accuracy = sum.evals.back().accuracy;
+      sum.final_loss = sum.evals.back().loss;
+    }
+    sum.samples_per_s = sum.train_seconds > 0 ? static_cast<double>(sum.samples) / sum.train_seconds : 0.0;
+    verify_replicas("the end of training");
+    summary_line(sum);
+    return sum;
+  }
+
+  /// @brief Test statistics over every rank (rank r evaluates samples r, r + N, ...).
+  batch_stats evaluate(std::uint64_t test_size) {
+    batch_stats s;
+    const auto n = static_cast<std::uint64_t>(g_.size()), me = static_cast<std::uint64_t>(g_.rank());
+    std::vector<std::uint32_t> idx;
+    for (std::uint64_t p = me; p < test_size;) {
+      idx.clear();
+      for (; p < test_size && idx.size() < o_.eval_batch; p += n) idx.push_back(static_cast<std::uint32_t>(p));
+      s += m_.evaluate(idx);
+    }
+    double tot[3] = {s.loss_sum, static_cast<double>(s.correct), static_cast<double>(s.count)};
+    g_.allreduce(tot, tot, 3, dtype::f64, op_kind::sum, options{});
+    return {tot[0], static_cast<std::uint64_t>(tot[1]), static_cast<std::uint64_t>(tot[2])};
+  }
+
+  /// @brief Writes a checkpoint now (collective: the replicas are verified first; rank 0 writes).
+  void save_checkpoint(bool epoch_done = false) {
+    if (o_.checkpoint_dir.empty()) throw usage_error("trainer: no checkpoint_dir", site("ddp checkpoint"));
+    verify_replicas("a checkpoint");
+    if (g_.rank() != 0) return;
+    checkpoint_writer w;
+    sampler_state ss = sampler_ ? sampler_->state() : sampler_state{o_.seed, epoch_, 0};
+    if (epoch_done) {  // the next run starts the next epoch
+      ss.epoch += 1;
+      ss.cursor = 0;
+    }
+    w.put_u64("step", step_);
+    w.put_u64("sampler.seed", ss.seed);
+    w.put_u64("sampler.epoch", ss.epoch);
+    w.put_u64("sampler.cursor", ss.cursor);
+    w.put_u64("world_size", static_cast<std::uint64_t>(g_.size()));
+    w.put_u64("rng", rng_.state);
+    w.put_string("optimizer", opt_.name());
+    for (const auto& t : tensors_) w.put_floats("param/" + t.name, t.value);
+    const auto& st = opt_.state();
+    w.put_u64("optimizer.steps", st.steps);
+    for (std::size_t b = 0; b < st.names.size(); ++b)
+      for (std::size_t i = 0; i < tensors_.size(); ++i)
+        w.put_floats("optimizer/" + st.names[b] + "/" + tensors_[i].name, st.buffers[b][i]);
+    const auto bytes = w.finish();
+    write_atomic(o_.checkpoint_dir, checkpoint_name(step_), bytes, o_.checkpoint_progress);
+    // Keep the newest `keep_checkpoints`.
+    const auto steps = checkpoint_steps(o_.checkpoint_dir);
+    for (std::size_t i = std::max<std::uint64_t>(o_.keep_checkpoints, 1); i < steps.size(); ++i) {
+      std::error_code ec;
+      std::filesystem::remove(o_.checkpoint_dir / checkpoint_name(steps[i]), ec);
+    }
+    log("{\"event\":\"checkpoint\",\"step\":" + std::to_string(step_) + ",\"file\":\"" +
+        checkpoint_name(step_) + "\",\"bytes\":" + std::to_string(bytes.size()) + "}");
+  }
+
+  /// @brief Compares a hash of every parameter across the ranks. @throws desync_error
+  void verify_replicas(const char* when) {
+    const std::size_t p = tensors_.size();
+    hashes_.resize(p);
+    for (std::size_t i = 0; i < p; ++i) hashes_[i] = hash64(tensors_[i].value.data(), tensors_[i].value.size_bytes());
+    all_hashes_.resize(p * static_cast<std::size_t>(g_.size()));
+    g_.allgather(hashes_.data(), all_hashes_.data(), p, dtype::i64, options{});
+    for (std::size_t i = 0; i < p; ++i) {
+      std::string differ;
+      for (int r = 1; r < g_.size(); ++r)
+        if (all_hashes_[static_cast<std::size_t>(r) * p + i] != all_hashes_[i])
+          differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+      if (!differ.empty())
+        throw desync_error("replicas differ at " + std::string(when) + " (step " + std::to_string(step_) +
+                               "): parameter '" + tensors_[i].name + "' (index " + std::to_string(i) +
+                               ") on rank(s) " + differ + " is not rank 0's; a gradient desync (layer 2)",
+                           site("ddp verify", step_));
+    }
+  }
+
+ private:
+  using clk = std::chrono::steady_clock;
+  static double seconds(clk::time_point a, clk::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+  error_site site(std::string op, std::uint64_t seq = 0) const { return error_site::in({}, g_.rank(), g_.size(), std::move(op), seq); }
+
+  // This rank's micro-batches of the next optimizer step (false at the end of the epoch).
+  bool gather_micro_batches() {
+    micro_.clear();
+    last_samples_ = 0;
+    for (std::uint64_t k = 0; k < o_.accumulate; ++k) {
+      auto b = sampler_->next(o_.global_batch);
+      if (!b) break;
+      last_samples_ += b->size;
+      if (o_.deterministic) {
+        const auto n = static_cast<std::uint64_t>(g_.size());
+        for (std::uint64_t j = static_cast<std::uint64_t>(g_.rank()); j < o_.micro_shards; j += n) {
+          micro_.emplace_back();
+          sampler_->micro_shard(*b, j, o_.micro_shards, micro_.back());
+        }
+      } else {
+        micro_.emplace_back();
+        sampler_->rank_indices(*b, g_.rank(), g_.size(), micro_.back());
+      }
+      sampler_->advance(*b);
+    }
+    return !micro_.empty();
+  }
+
+  static void on_ready(void* self, std::size_t i) {
+    auto* t = static_cast<trainer*>(self);
+    if (t->o_.deterministic) {
+      if (t->last_micro_) t->to_fixed(i, t->first_micro_), t->r_->mark_ready(i + 1);
+    } else {
+      t->r_->mark_ready(i + 1);
+    }
+  }
+
+  // One optimizer step over micro_ (this rank's micro-batches or deterministic shards).
+  batch_stats run_step() {
+    auto& r = *r_;
+    batch_stats s;
+    std::uint64_t bad = 0, contributed = 0;
+    const std::size_t k = micro_.size();
+    if (o_.deterministic) {
+      // Every shard's gradient becomes fixed point and is added (exactly) into the reducer's
+      // i64 buckets; the last shard's conversions happen as its gradients become final.
+      for (std::size_t i = 0; i < tensors_.size(); ++i) views_[i] = std::span<float>(local_[i]);
+      std::size_t nonempty = 0;
+      for (const auto& mb : micro_) nonempty += !mb.empty();
+      std::size_t done = 0;
+      if (nonempty == 0) {
+        r.zero_grad();
+        for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i + 1);
+      }
+      for (const auto& mb : micro_) {
+        if (mb.empty()) continue;
+        first_micro_ = done == 0;
+        last_micro_ = done + 1 == nonempty;
+        gradients gs(views_, false, &on_ready, this);
+        auto bs = m_.forward_backward(mb, gs);
+        bad |= !std::isfinite(bs.loss_sum);
+        s += bs;
+        if (!last_micro_)
+          for (std::size_t i = 0; i < tensors_.size(); ++i) to_fixed(i, first_micro_);
+        ++done;
+      }
+      contributed = nonempty;
+      auto c = r.template gradient<std::int64_t>(0);
+      c[0] = static_cast<std::int64_t>(contributed);
+      c[1] = static_cast<std::int64_t>(bad);
+      r.mark_ready(0);
+      timed_finish();
+    } else {
+      for (std::size_t m = 0; m < k; ++m) {
+        const bool last = m + 1 == k;
+        std::optional<typename reducer<Group, trainer_hook>::sync_guard> quiet;
+        if (!last) quiet.emplace(r.no_sync());
+        for (std::size_t i = 0; i < tensors_.size(); ++i) views_[i] = r.template gradient<float>(i + 1);
+        gradients gs(views_, m > 0, &on_ready, this);
+        auto bs = m_.forward_backward(micro_[m], gs);
+        bad |= !std::isfinite(bs.loss_sum);
+        s += bs;
+        if (last) {
+          auto c = r.template gradient<float>(0);
+          c[0] = static_cast<float>(k);
+          c[1] = static_cast<float>(bad);
+        }
+        r.mark_ready(0);
+        timed_finish();
+      }
+    }
+    const auto [contributions, bad_ranks] = counts();
+    if (bad_ranks) {
+      local_bad_ = bad != 0;
+      check_loss(bad_ranks, true);
+    }
+    apply(contributions);
+    ++step_;
+    return s;
+  }
+
+  // Parameter i's float gradient (local_) into fixed point, assigned or added into the bucket.
+  void to_fixed(std::size_t i, bool first) {
+    auto q = r_->template gradient<std::int64_t>(i + 1);
+    const auto& g = local_[i];
+    const double scale = std::ldexp(1.0, o_.fraction_bits);
+    const double limit = std::ldexp(1.0, 62) / static_cast<double>(o_.micro_shards * o_.accumulate);
+    std::uint32_t bad = 0;
+    double worst = 0.0;
+    for (std::size_t e = 0; e < g.size(); ++e) {
+      const double v = static_cast<double>(g[e]) * scale;
+      bad |= detail::not_finite(g[e]);
+      worst = std::max(worst, std::fabs(v));
+      const auto iv = static_cast<std::int64_t>(std::nearbyint(std::clamp(v, -limit, limit)));
+      q[e] = first ? iv : q[e] + iv;
+    }
+    if (bad || worst >= limit) {
+      const std::string why =
+          bad ? "gradient of '" + tensors_[i].name + "' holds a NaN or an infinity (layer 1: the model's numbers)"
+              : "gradient of '" + tensors_[i].name + "' reaches " + std::to_string(worst / scale) +
+                    ", beyond deterministic mode's fixed-point range (lower trainer_options::fraction_bits)";
+      g_.abort(why);
+      throw numerics_error(why, site("ddp step", step_ + 1));
+    }
+  }
+
+  std::pair<std::uint64_t, std::uint64_t> counts() {
+    const auto n = static_cast<double>(g_.size());
+    if (o_.deterministic) {
+      auto c = r_->template gradient<std::int64_t>(0);
+      return {static_cast<std::uint64_t>(c[0]), static_cast<std::uint64_t>(c[1])};
+    }
+    auto c = r_->template gradient<float>(0);  // averages of small integers: exact after x N and rounding
+    return {static_cast<std::uint64_t>(std::llround(static_cast<double>(c[0]) * n)),
+            static_cast<std::uint64_t>(std::llround(static_cast<double>(c[1]) * n))};
+  }
+
+  void timed_finish() {
+    const auto t0 = clk::now();
+    r_->finish();
+    comm_s_ += seconds(t0, clk::now());
+  }
+
+  // Some rank's loss was not finite: every rank stops at this step, each saying what it knows.
+  void check_loss(std::uint64_t bad_ranks, bool participated) {
+    if (!bad_ranks) return;
+    std::string first = first_bad_gradient();
+    std::string msg;
+    if (participated && local_bad_)
+      msg = "the loss is NaN or infinite on this rank in step " + std::to_string(step_ + 1) +
+            (first.empty() ? "" : "; first parameter with a non-finite gradient: '" + first + "'") +
+            " (layer 1: the model's numbers; " + std::to_string(bad_ranks) + " rank(s) affected)";
+    else
+      msg = std::to_string(bad_ranks) + " other rank(s) had a NaN or infinite loss in step " + std::to_string(step_ + 1) +
+            " (their messages name them); training stops on every rank";
+    throw numerics_error(msg, site("ddp step", step_ + 1));
+  }
+  std::string first_bad_gradient() {
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      std::uint32_t bad = 0;
+      if (o_.deterministic) {
+        for (float v : local_[i]) bad |= detail::not_finite(v);
+      } else {
+        for (float v : r_->template gradient<float>(i + 1)) bad |= detail::not_finite(v);
+      }
+      if (bad) return tensors_[i].name;
+    }
+    return {};
+  }
+
+  // The optimizer step from the averaged gradients; `contributions` micro-batches (or shards)
+  // went into them over all ranks.
+  void apply(std::uint64_t contributions) {
+    opt_.begin_step();
+    std::size_t bad = tensors_.size();
+    if (o_.deterministic) {
+      const double k = std::ldexp(1.0, -o_.fraction_bits) / static_cast<double>(contributions);
+      for (std::size_t i = 0; i < tensors_.size(); ++i) {
+        auto q = r_->template gradient<std::int64_t>(i + 1);
+        auto& a = avg_[i];
+        for (std::size_t e = 0; e < a.size(); ++e) a[e] = static_cast<float>(static_cast<double>(q[e]) * k);
+        if (!opt_.step(i, tensors_[i].value, a, 1.0f) && bad == tensors_.size()) bad = i;
+      }
+    } else {
+      // The buckets hold sum / N of the ranks' micro-batch means: x N / contributions is the mean.
+      const float scale = static_cast<float>(static_cast<double>(g_.size()) / static_cast<double>(contributions));
+      for (std::size_t i = 0; i < tensors_.size(); ++i)
+        if (!opt_.step(i, tensors_[i].value, r_->template gradient<float>(i + 1), scale) && bad == tensors_.size())
+          bad = i;
+    }
+    if (bad != tensors_.size())
+      throw numerics_error("the averaged gradient of '" + tensors_[bad].name + "' (index " + std::to_string(bad) +
+                               ") holds a NaN or an infinity in step " + std::to_string(step_ + 1) +
+                               " although every rank's loss was finite (layer 1: the model's backward pass)",
+                           site("ddp step", step_ + 1));
+  }
+
+  void after_step() {
+    if (o_.verify_every && step_ % o_.verify_every == 0) verify_replicas("a periodic check");
+  }
+
+  void broadcast_state() {
+    for (auto& t : tensors_) g_.broadcast(t.value.data(), t.value.data(), t.value.size(), dtype::f32, 0, options{});
+    auto& st = opt_.state();
+    std::uint64_t steps = st.steps;
+    g_.broadcast(&steps, &steps, 1, dtype::i64, 0, options{});
+    st.steps = steps;
+    for (auto& b : st.buffers)
+      for (auto& v : b) g_.broadcast(v.data(), v.data(), v.size(), dtype::f32, 0, options{});
+  }
+
+  // Rank 0 picks the newest valid checkpoint and broadcasts its bytes; every rank loads them
+  // and the ranks compare what they loaded.
+  void resume() {
+    std::uint64_t head[2] = {0, 0};  // step + 1 (0: none), bytes
+    std::vector<unsigned char> bytes;
+    std::vector<std::string> skipped;
+    if (g_.rank() == 0) {
+      // Temporary files of a writer that died (no writer runs now): never loaded, now removed.
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(o_.checkpoint_dir, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind(".ckpt-", 0) == 0 && n.find(".kft.tmp-") != std::string::npos) {
+          std::filesystem::remove(e.path(), ec);
+          note("removed " + n + ", a partial checkpoint its writer did not finish");
+        }
+      }
+      if (auto f = latest_checkpoint(o_.checkpoint_dir, &skipped)) {
+        head[0] = f->step + 1;
+        head[1] = f->bytes.size();
+        bytes = std::move(f->bytes);
+      }
+      for (const auto& s : skipped) note("skipped " + s);
+    }
+    g_.broadcast(head, head, 2, dtype::i64, 0, options{});
+    if (head[0] == 0) return;
+    bytes.resize(static_cast<std::size_t>(head[1]));
+    g_.broadcast(bytes.data(), bytes.data(), bytes.size(), dtype::u8, 0, options{});
+    const std::string what = (o_.checkpoint_dir / checkpoint_name(head[0] - 1)).string();
+    checkpoint_reader c(std::move(bytes), what);
+    std::uint64_t mine[2] = {c.checksum(), c.get_u64("step")};
+    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(g_.size()));
+    g_.allgather(mine, all.data(), 2, dtype::i64, options{});
+    for (int r = 1; r < g_.size(); ++r)
+      if (all[2 * static_cast<std::size_t>(r)] != all[0] || all[2 * static_cast<std::size_t>(r) + 1] != all[1])
+        throw desync_error("rank " + std::to_string(r) + " loaded another checkpoint than rank 0 (" + what + ")",
+                           site("ddp resume"));
+    for (auto& t : tensors_) {
+      if (!c.has("param/" + t.name))
+        throw usage_error("checkpoint " + what + " has no parameter '" + t.name + "' (another model?)", site("ddp resume"));
+      c.get_floats("param/" + t.name, t.value);
+    }
+    auto& st = opt_.state();
+    st.steps = c.get_u64("optimizer.steps");
+    for (std::size_t b = 0; b < st.names.size(); ++b)
+      for (std::size_t i = 0; i < tensors_.size(); ++i) {
+        const std::string key = "optimizer/" + st.names[b] + "/" + tensors_[i].name;
+        if (!c.has(key))
+          throw usage_error("checkpoint " + what + " has no optimizer state '" + key + "' (written by " +
+                                c.get_string("optimizer") + "; this run uses " + opt_.name() + ")",
+                            site("ddp resume"));
+        c.get_floats(key, st.buffers[b][i]);
+      }
+    step_ = c.get_u64("step");
+    rng_.state = c.get_u64("rng");
+    restored_ = sampler_state{c.get_u64("sampler.seed"), c.get_u64("sampler.epoch"), c.get_u64("sampler.cursor")};
+    if (restored_->seed != o_.seed)
+      throw usage_error("checkpoint " + what + " was written with seed " + std::to_string(restored_->seed) +
+                            ", this run has seed " + std::to_string(o_.seed) + " (the sample order would change)",
+                        site("ddp resume"));
+    epoch_ = restored_->epoch;
+    resumed_step_ = step_;
+    note("resumed from " + what + " (step " + std::to_string(step_) + ", epoch " + std::to_string(epoch_ + 1) +
+         ", sample " + std::to_string(restored_->cursor) + " of the epoch; written by " +
+         std::to_string(c.get_u64("world_size")) + " rank(s), resumed on " + std::to_string(g_.size()) + ")");
+  }
+
+  // ---- reporting (rank 0) ----
+  bool reporting() const { return g_.rank() == 0; }
+  void note(const std::string& s) {
+    if (reporting() && !o_.quiet) std::fprintf(stdout, "%s\n", s.c_str()), std::fflush(stdout);
+  }
+  void open_log() {
+    if (!reporting() || o_.log_json.empty() || log_) return;
+    log_ = std::fopen(o_.log_json.c_str(), "a");
+    if (!log_) throw usage_error("trainer: cannot open the log file " + o_.log_json, site("ddp trainer"));
+  }
+  void log(const std::string& json) {
+    if (log_) std::fprintf(log_, "%s\n", json.c_str()), std::fflush(log_);
+  }
+  static std::string num(double v, int prec = 4) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.*f", prec, v);
+    return b;
+  }
+  void banner(std::uint64_t train, std::uint64_t test) {
+    std::size_t params = 0;
+    for (auto s : sizes_) params += s;
+    std::string desc;
+    if constexpr (requires { g_.description(); }) desc = " (" + g_.description() + ")";
+    std::string line = "kft ddp: " + (o_.label.empty() ? std::string() : o_.label + ", ") + std::to_string(g_.size()) +
+                       " rank(s)" + desc +
+                       (o_.threads ? ", " + std::to_string(o_.threads) + " compute thread(s) per rank" : std::string()) +
+                       "\n  " + std::to_string(params) + " parameters in " + std::to_string(tensors_.size()) +
+                       " tensors, " + std::to_string(r_->buckets().size()) + " bucket(s); " + opt_.name() +
+                       "; batch " +
+                       (o_.deterministic ? std::to_string(o_.global_batch) + " global in " +
+                                               std::to_string(o_.micro_shards) + " fixed shards (deterministic)"
+                                         : std::to_string(o_.batch) + " per rank, " + std::to_string(o_.global_batch) +
+                                               " global") +
+                       (o_.accumulate > 1 ? " x " + std::to_string(o_.accumulate) + " accumulated" : std::string()) +
+                       "; " + std::to_string(train) + " training / " + std::to_string(test) + " test samples";
+    note(line);
+    if (reporting() && !o_.quiet) {
+      tty_ = ::isatty(2) == 1;
+      std::fprintf(stdout, "| epoch | train loss | train acc | test loss | test acc | time (s) | samples/s | exposed comm |\n"
+                           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+      std::fflush(stdout);
+    }
+    log("{\"event\":\"start\",\"ranks\":" + std::to_string(g_.size()) + ",\"threads\":" + std::to_string(o_.threads) +
+        ",\"parameters\":" + std::to_string(params) + ",\"buckets\":" + std::to_string(r_->buckets().size()) +
+        ",\"global_batch\":" + std::to_string(o_.global_batch) + ",\"deterministic\":" +
+        (o_.deterministic ? "true" : "false") + ",\"resumed_from\":" + std::to_string(resumed_step_) + "}");
+  }
+  void progress(std::uint64_t e, std::uint64_t k, std::uint64_t total, const batch_stats& s, clk::duration d) {
+    if (!reporting() || o_.quiet || !tty_) return;
+    const auto now = clk::now();
+    if (k != total && now - last_draw_ < std::chrono::milliseconds(200)) return;
+    last_draw_ = now;
+    const double frac = total ? static_cast<double>(k) / static_cast<double>(total) : 1.0;
+    const int width = 30, fill = static_cast<int>(frac * width);
+    std::string bar(static_cast<std::size_t>(fill), '#');
+    bar.resize(width, '.');
+    const double secs = std::chrono::duration<double>(d).count();
+    std::fprintf(stderr, "\r  epoch %llu/%llu [%s] %3.0f%%  loss %.4f  acc %.3f  %.0f samples/s ",
+                 static_cast<unsigned long long>(e + 1), static_cast<unsigned long long>(o_.epochs), bar.c_str(),
+                 frac * 100.0, s.count ? s.loss_sum / static_cast<double>(s.count) : 0.0,
+                 s.count ? static_cast<double>(s.correct) / static_cast<double>(s.count) : 0.0,
+                 secs > 0 ? static_cast<double>(s.count) * g_.size() / secs : 0.0);
+    if (k == total) std::fprintf(stderr, "\r%*s\r", 110, "");
+    std::fflush(stderr);
+  }
+  void record_eval(fit_summary& sum, double train_seconds) {
+    const batch_stats t = evaluate(test_size_);
+    eval_point p;
+    p.step = step_;
+    p.train_seconds = train_seconds;
+    p.loss = t.count ? t.loss_sum / static_cast<double>(t.count) : 0.0;
+    p.accuracy = t.count ? static_cast<double>(t.correct) / static_cast<double>(t.count) : 0.0;
+    p.epoch = static_cast<double>(sampler_->epoch()) +
+              static_cast<double>(sampler_->cursor()) / static_cast<double>(sampler_->epoch_length());
+    sum.evals.push_back(p);
+    if (o_.target_accuracy > 0 && !sum.seconds_to_target && p.accuracy >= o_.target_accuracy)
+      sum.seconds_to_target = train_seconds;
+    log("{\"event\":\"eval\",\"step\":" + std::to_string(p.step) + ",\"epoch\":" + num(p.epoch) +
+        ",\"train_seconds\":" + num(p.train_seconds) + ",\"test_loss\":" + num(p.loss) +
+        ",\"test_accuracy\":" + num(p.accuracy) + "}");
+  }
+  void epoch_line(std::uint64_t e, const double tot[3], double train_s, double comm_s, const eval_point& ev) {
+    const double loss = tot[2] > 0 ? tot[0] / tot[2] : 0.0, acc = tot[2] > 0 ? tot[1] / tot[2] : 0.0;
+    const double rate = train_s > 0 ? tot[2] / train_s : 0.0;
+    if (reporting() && !o_.quiet) {
+      std::fprintf(stdout, "| %llu | %.4f | %.4f | %.4f | %.4f | %.2f | %.0f | %.1f%% |\n",
+                   static_cast<unsigned long long>(e + 1), loss, acc, ev.loss, ev.accuracy, train_s, rate,
+                   train_s > 0 ? 100.0 * comm_s / train_s : 0.0);
+      std::fflush(stdout);
+    }
+    log("{\"event\":\"epoch\",\"epoch\":" + std::to_string(e + 1) + ",\"train_loss\":" + num(loss) +
+        ",\"train_accuracy\":" + num(acc) + ",\"test_loss\":" + num(ev.loss) + ",\"test_accuracy\":" + num(ev.accuracy) +
+        ",\"seconds\":" + num(train_s) + ",\"samples_per_s\":" + num(rate, 1) + ",\"exposed_comm_seconds\":" +
+        num(comm_s) + "}");
+  }
+  void summary_line(const fit_summary& s) {
+    const double eff = o_.baseline_samples_per_s > 0
+                           ? s.samples_per_s / (o_.baseline_samples_per_s * static_cast<double>(g_.size()))
+                           : 0.0;
+    if (reporting()) {
+      std::string line = "summary: " + std::to_string(s.steps) + " steps, " + num(s.wall_seconds, 2) + " s in all (" +
+                         num(s.train_seconds, 2) + " s training), final test accuracy " + num(s.final_accuracy) + ", " +
+                         num(s.samples_per_s, 0) + " samples/s, exposed communication " +
+                         num(s.train_seconds > 0 ? 100.0 * s.exposed_comm_seconds / s.train_seconds : 0.0, 1) + "%";
+      if (o_.target_accuracy > 0)
+        line += s.seconds_to_target ? ", time to " + num(o_.target_accuracy, 2) + ": " + num(*s.seconds_to_target, 2) + " s"
+                                    : ", target " + num(o_.target_accuracy, 2) + " not reached";
+      if (eff > 0) line += ", weak-scaling efficiency vs 1 rank " + num(100.0 * eff, 0) + "%";
+      std::fprintf(stdout, "%s\n", line.c_str());
+      std::fflush(stdout);
+    }
+    log("{\"event\":\"summary\",\"steps\":" + std::to_string(s.steps) + ",\"wall_seconds\":" + num(s.wall_seconds) +
+        ",\"train_seconds\":" + num(s.train_seconds) + ",\"final_accuracy\":" + num(s.final_accuracy) +
+        ",\"samples_per_s\":" + num(s.samples_per_s, 1) + ",\"exposed_comm_seconds\":" + num(s.exposed_comm_seconds) +
+        ",\"seconds_to_target\":" + (s.seconds_to_target ? num(*s.seconds_to_target) : std::string("null")) +
+        ",\"weak_scaling_efficiency\":" + (eff > 0 ? num(eff) : std::string("null")) + ",\"parameters_hash\":\"" +
+        std::to_string(parameters_hash()) + "\"}");
+  }
+
+ public:
+  ~trainer() {
+    if (log_) std::fclose(log_);
+  }
+
+ private:
+  Group& g_;
+  M& m_;
+  O& opt_;
+  trainer_options o_;
+  std::vector<tensor_ref> tensors_;
+  std::vector<std::size_t> sizes_;
+  std::optional<reducer<Group, trainer_hook>> r_;
+  std::vector<std::span<float>> views_;
+  std::vector<std::vector<float>> local_, avg_;  // deterministic: one shard's gradients; the averaged ones
+  std::vector<std::vector<std::uint32_t>> micro_;
+  std::optional<distributed_sampler> sampler_;
+  std::optional<sampler_state> restored_;
+  splitmix64 rng_;
+  std::vector<std::uint64_t> hashes_, all_hashes_;
+  std::uint64_t step_ = 0, epoch_ = 0, resumed_step_ = 0, test_size_ = 0, last_samples_ = 0;
+  double comm_s_ = 0.0, eval_total_ = 0.0;
+  bool first_micro_ = false, last_micro_ = false, local_bad_ = false, tty_ = false;
+  clk::time_point last_draw_{};
+  std::FILE* log_ = nullptr;
+};
+
+}  // namespace ddp
+KFT_NAMESPACE_END

@@ -1,0 +1,106 @@
+// trainer_worker: kft::ddp::trainer in real processes, for trainer_process_test.py.
+//
+//   trainer_worker --ckpt DIR --steps N --every K [--kill-rank R --kill-step S] [--kill-in-checkpoint S]
+//                  [--uneven FRACTION]
+//
+// Trains example 05's MLP (32-512-512-10, a ~2 MB checkpoint) on synthetic data in
+// deterministic mode (global batch 64 in 4 shards), checkpointing every K steps into DIR and
+// resuming from it. Fault injection, on the job's first attempt only (TORCHELASTIC_RESTART_COUNT
+// = 0): rank R sends itself SIGKILL after step S; or rank 0 sends itself SIGKILL half-way
+// through writing step S's checkpoint. --uneven: rank 1 trains FRACTION fewer batches in its
+// own loop (step + join). Prints "rank r: steps N resumed_from X hash H".
+#include <cblas.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include <kft/ddp/trainer.hpp>
+#include <kft/group/factory.hpp>
+#include <kft/kft.hpp>
+
+#include "../../examples/05-fashion-mnist/mlp.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kft trainer test worker"};
+  std::string ckpt;
+  std::uint64_t steps = 40, every = 10, kill_step = 0, kill_in_ckpt = 0;
+  int kill_rank = -1;
+  double uneven = -1;
+  app.add_option("--ckpt", ckpt);
+  app.add_option("--steps", steps);
+  app.add_option("--every", every);
+  app.add_option("--kill-rank", kill_rank);
+  app.add_option("--kill-step", kill_step);
+  app.add_option("--kill-in-checkpoint", kill_in_ckpt);
+  app.add_option("--uneven", uneven);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    openblas_set_num_threads(1);
+    const auto me = kft::discover();
+    auto store = kft::rendezvous::connect_store(me);
+    kft::group::group_options go;
+    go.shm.pool_bytes = 64u << 20;
+    auto pg = kft::group::make_process_group(me, store.client, go);
+    const bool first_attempt = std::string(std::getenv("TORCHELASTIC_RESTART_COUNT") ? std::getenv("TORCHELASTIC_RESTART_COUNT") : "0") == "0";
+
+    const auto train = fmnist::synthetic(2048, 32, 1), test = fmnist::synthetic(256, 32, 2);
+    fmnist::mlp m({32, 512, 512, 10}, &train, &test, 3);
+    kft::ddp::sgd opt({.lr = 0.02f, .momentum = 0.9f});
+    kft::ddp::trainer_options o;
+    o.quiet = true;
+    o.epochs = 100;
+    o.max_steps = steps;
+    if (uneven < 0) {
+      o.deterministic = true;
+      o.global_batch = 64;
+      o.micro_shards = 4;
+      o.checkpoint_dir = ckpt;
+      o.checkpoint_every = every;
+      o.resume = true;
+      std::uint64_t current = 0;
+      o.on_step = [&](std::uint64_t s) {
+        current = s;
+        if (first_attempt && pg.rank() == kill_rank && s == kill_step) {
+          std::printf("rank %d: SIGKILL after step %llu\n", pg.rank(), static_cast<unsigned long long>(s));
+          std::fflush(stdout);
+          ::raise(SIGKILL);
+        }
+      };
+      o.checkpoint_progress = [&](std::size_t done, std::size_t total) {
+        if (first_attempt && kill_in_ckpt && current == kill_in_ckpt && done < total) {
+          std::printf("rank %d: SIGKILL while writing step %llu's checkpoint (%zu of %zu bytes)\n", pg.rank(),
+                      static_cast<unsigned long long>(current), done, total);
+          std::fflush(stdout);
+          ::raise(SIGKILL);
+        }
+      };
+      kft::ddp::trainer t(pg, m, opt, o);
+      auto s = t.fit(train.n, test.n);
+      std::printf("rank %d: steps %llu resumed_from %llu hash %llu\n", pg.rank(), static_cast<unsigned long long>(s.steps),
+                  static_cast<unsigned long long>(s.resumed_from), static_cast<unsigned long long>(t.parameters_hash()));
+    } else {
+      o.batch = 32;
+      kft::ddp::trainer t(pg, m, opt, o);
+      const std::uint64_t mine = pg.rank() == 1 ? static_cast<std::uint64_t>(static_cast<double>(steps) * (1.0 - uneven)) : steps;
+      std::vector<std::uint32_t> idx(32);
+      for (std::uint64_t b = 0; b < mine; ++b) {
+        for (std::size_t i = 0; i < idx.size(); ++i)
+          idx[i] = static_cast<std::uint32_t>((b * 97 + static_cast<std::uint64_t>(pg.rank()) * 32 + i) % train.n);
+        t.step(idx);
+      }
+      const auto shadowed = t.join();
+      t.verify_replicas("the end");
+      std::printf("rank %d: steps %llu shadowed %llu hash %llu\n", pg.rank(), static_cast<unsigned long long>(t.step_count()),
+                  static_cast<unsigned long long>(shadowed), static_cast<unsigned long long>(t.parameters_hash()));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainer_worker: %s\n", e.what());
+    return 1;
+  }
+}
