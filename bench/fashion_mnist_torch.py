@@ -116,6 +116,8 @@ def main():
             loss.backward()
             opt.step()
             step += 1
+            if os.environ.get("KFT_BENCH_DEBUG") and step % 100 == 0:
+                print(f"rank {rank} epoch {epoch} step {step}", flush=True)
             done = a.max_steps and step >= a.max_steps
             if step % eval_every == 0 or s + 1 == steps_per_epoch or done:
                 t1 = time.perf_counter()

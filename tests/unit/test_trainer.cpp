@@ -424,6 +424,44 @@ BOOST_AUTO_TEST_CASE(n_ranks_equal_one_rank_with_n_times_the_batch) {
   }
 }
 
+// Gradient accumulation: 2 ranks x 2 micro-batches of 8 per step train on the same 32 samples
+// per step as 2 ranks x 16 (the sampler's consecutive global batches), one optimizer step each,
+// and only the last micro-batch sends anything. Equal up to the summation order (as above).
+BOOST_AUTO_TEST_CASE(accumulation_equals_the_larger_batch) {
+  auto train = [](std::uint64_t batch, std::uint64_t accumulate, std::uint64_t& steps) {
+    std::vector<float> out;
+    auto errs = with_ranks(2, [&](kft::group::process_group& g) {
+      auto m = small_model();
+      ddp::sgd opt({.lr = 0.05f, .momentum = 0.9f});
+      ddp::trainer_options o;
+      o.batch = batch;
+      o.accumulate = accumulate;
+      o.max_steps = 20;
+      o.quiet = true;
+      ddp::trainer t(g, m, opt, o);
+      t.fit(train_set().n, test_set().n);
+      if (g.rank() == 0) {
+        out = flat(m);
+        steps = t.step_count();
+      }
+    });
+    BOOST_TEST(none(errs));
+    return out;
+  };
+  std::uint64_t s1 = 0, s2 = 0;
+  const auto big = train(16, 1, s1), acc = train(8, 2, s2);
+  BOOST_TEST(s1 == 20u);
+  BOOST_TEST(s2 == 20u);
+  BOOST_REQUIRE(big.size() == acc.size());
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < big.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(big[i] - acc[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(big[i])));
+  }
+  BOOST_TEST_MESSAGE("accumulation: largest difference " << worst << " (weights up to " << scale << ")");
+  BOOST_TEST(worst <= 1e-4 * scale);
+}
+
 // Deterministic mode: the same global batch in the same fixed shards gives the same bits for
 // 1, 2 and 4 ranks and for any bucket cap.
 BOOST_AUTO_TEST_CASE(deterministic_mode_is_world_size_and_bucket_cap_invariant) {

@@ -307,8 +307,16 @@ class trainer {
   /// sets) for `epochs` epochs, or until `max_steps`.
   fit_summary fit(std::uint64_t train_size, std::uint64_t test_size) {
     sampler_.emplace(sampler_options{train_size, o_.seed, o_.shuffle, o_.drop_last});
-    if (restored_) sampler_->restore(*restored_);
-    else sampler_->set_epoch(epoch_);
+    if (restored_) {
+      sampler_->restore(*restored_);
+      if (!sampler_->next(o_.global_batch)) {  // saved at an epoch's very end: the next one starts
+        restored_->epoch += 1;
+        restored_->cursor = 0;
+        sampler_->restore(*restored_);
+      }
+    } else {
+      sampler_->set_epoch(epoch_);
+    }
     test_size_ = test_size;
     fit_summary sum;
     sum.resumed_from = resumed_step_;
