@@ -3,6 +3,7 @@
 #include <span>
 #include <vector>
 
+#include <kft/ddp/trainer.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
 void use(kft::shm::communicator& comm) {
@@ -10,4 +11,19 @@ void use(kft::shm::communicator& comm) {
   comm.allreduce(std::span<const float>(a), std::span<float>(b), kft::ops::sum);
   auto w = comm.allreduce_async(std::span<float>(b), kft::ops::avg);
   w.wait();
+}
+
+// The model not_a_model.cpp gets wrong, whole.
+struct whole_model {
+  std::vector<float> w = std::vector<float>(4);
+  std::vector<kft::ddp::tensor_ref> parameters() { return {{"w", w}}; }
+  kft::ddp::batch_stats forward_backward(std::span<const std::uint32_t>, kft::ddp::gradients&) { return {}; }
+  kft::ddp::batch_stats evaluate(std::span<const std::uint32_t>) { return {}; }
+};
+
+void train(kft::group::process_group& g) {
+  whole_model m;
+  kft::ddp::sgd opt;
+  kft::ddp::trainer t(g, m, opt);
+  t.fit(10, 10);
 }
