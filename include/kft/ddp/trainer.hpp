@@ -276,8 +276,8 @@ class trainer {
   batch_stats step(std::span<const std::uint32_t> indices) {
     if (o_.deterministic) throw usage_error("trainer: step() is the normal mode's; deterministic training runs through fit()",
                                             site("ddp step"));
-    std::vector<std::uint32_t> one(indices.begin(), indices.end());
-    micro_.assign(1, std::move(one));
+    micro_n_ = 0;
+    next_micro().assign(indices.begin(), indices.end());
     auto s = run_step();
     after_step();
     return s;
@@ -458,8 +458,15 @@ class trainer {
   error_site site(std::string op, std::uint64_t seq = 0) const { return error_site::in({}, g_.rank(), g_.size(), std::move(op), seq); }
 
   // This rank's micro-batches of the next optimizer step (false at the end of the epoch).
+  // The next micro-batch's index list (the lists are kept between steps: no allocation once warm).
+  std::vector<std::uint32_t>& next_micro() {
+    if (micro_n_ == micro_.size()) micro_.emplace_back();
+    return micro_[micro_n_++];
+  }
+  std::span<const std::vector<std::uint32_t>> micro() const { return {micro_.data(), micro_n_}; }
+
   bool gather_micro_batches() {
-    micro_.clear();
+    micro_n_ = 0;
     last_samples_ = 0;
     for (std::uint64_t k = 0; k < o_.accumulate; ++k) {
       auto b = sampler_->next(o_.global_batch);
@@ -468,22 +475,23 @@ class trainer {
       if (o_.deterministic) {
         const auto n = static_cast<std::uint64_t>(g_.size());
         for (std::uint64_t j = static_cast<std::uint64_t>(g_.rank()); j < o_.micro_shards; j += n) {
-          micro_.emplace_back();
-          sampler_->micro_shard(*b, j, o_.micro_shards, micro_.back());
+          sampler_->micro_shard(*b, j, o_.micro_shards, next_micro());
         }
       } else {
-        micro_.emplace_back();
-        sampler_->rank_indices(*b, g_.rank(), g_.size(), micro_.back());
+        sampler_->rank_indices(*b, g_.rank(), g_.size(), next_micro());
       }
       sampler_->advance(*b);
     }
-    return !micro_.empty();
+    return micro_n_ != 0;
   }
 
   static void on_ready(void* self, std::size_t i) {
     auto* t = static_cast<trainer*>(self);
     if (t->o_.deterministic) {
-      if (t->last_micro_) t->to_fixed(i, t->first_micro_), t->r_->mark_ready(i + 1);
+      if (t->last_micro_) {
+        t->to_fixed(i, t->first_micro_);
+        t->r_->mark_ready(i + 1);
+      }
     } else {
       t->r_->mark_ready(i + 1);
     }
@@ -494,19 +502,19 @@ class trainer {
     auto& r = *r_;
     batch_stats s;
     std::uint64_t bad = 0, contributed = 0;
-    const std::size_t k = micro_.size();
+    const std::size_t k = micro_n_;
     if (o_.deterministic) {
       // Every shard's gradient becomes fixed point and is added (exactly) into the reducer's
       // i64 buckets; the last shard's conversions happen as its gradients become final.
       for (std::size_t i = 0; i < tensors_.size(); ++i) views_[i] = std::span<float>(local_[i]);
       std::size_t nonempty = 0;
-      for (const auto& mb : micro_) nonempty += !mb.empty();
+      for (const auto& mb : micro()) nonempty += !mb.empty();
       std::size_t done = 0;
       if (nonempty == 0) {
         r.zero_grad();
         for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i + 1);
       }
-      for (const auto& mb : micro_) {
+      for (const auto& mb : micro()) {
         if (mb.empty()) continue;
         first_micro_ = done == 0;
         last_micro_ = done + 1 == nonempty;
@@ -863,7 +871,8 @@ class trainer {
   std::optional<reducer<Group, trainer_hook>> r_;
   std::vector<std::span<float>> views_;
   std::vector<std::vector<float>> local_, avg_;  // deterministic: one shard's gradients; the averaged ones
-  std::vector<std::vector<std::uint32_t>> micro_;
+  std::vector<std::vector<std::uint32_t>> micro_;  // the first micro_n_ are this step's
+  std::size_t micro_n_ = 0;
   std::optional<distributed_sampler> sampler_;
   std::optional<sampler_state> restored_;
   splitmix64 rng_;
