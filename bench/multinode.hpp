@@ -1,10 +1,18 @@
-// allreduce_perf across nodes: kft's flat and hierarchical allreduce (kft::group::mpi_group) against
-// MPI_Allreduce, all timed in the same run, with the bytes each node sent across nodes counted
-// from its network interfaces. Included by harness.hpp (allreduce only); runs when the
-// ranks span several nodes (host names, or KFT_HOST_ID) or --algo is flat or hierarchical.
+// allreduce_perf across nodes: kft's flat and hierarchical allreduce against MPI_Allreduce, all
+// timed in the same run, with the bytes each node sent across nodes counted from its network
+// interfaces. The group between nodes is MPI's (kft::group::mpi_group), or Gloo's with
+// KFT_INTER_NODE=gloo (kft::group::gloo_group, its store bootstrapped over MPI; flat is then
+// Gloo's own ring allreduce over every rank). Included by harness.hpp (allreduce only); runs
+// when the ranks span several nodes (host names, or KFT_HOST_ID) or --algo is flat or
+// hierarchical.
 #pragma once
 
+#include <kft/discovery/discover.hpp>
 #include <kft/group/mpi_group.hpp>
+#include <kft/rendezvous/mpi_bootstrap.hpp>
+#if KFT_WITH_GLOO
+#include <kft/group/gloo_group.hpp>
+#endif
 
 namespace multinode {
 
@@ -43,8 +51,8 @@ inline double max_all(double v) {
 }
 
 // Times `call` (after `warmup` calls): slowest rank's average, and per-node interface bytes.
-template <class F>
-measured time_it(kft::group::mpi_cpu_group& w, int warmup, int iters, F&& call) {
+template <class Group, class F>
+measured time_it(Group& w, int warmup, int iters, F&& call) {
   for (int i = 0; i < warmup; ++i) call();
   MPI_Barrier(MPI_COMM_WORLD);
   const bool counter = w.layout().local_rank() == 0;  // one reader per node (one namespace)
@@ -60,7 +68,8 @@ measured time_it(kft::group::mpi_cpu_group& w, int warmup, int iters, F&& call) 
   return m;
 }
 
-inline long verify(kft::group::mpi_cpu_group& w, float* in, float* out, std::size_t count, kft::algo a) {
+template <class Group>
+long verify(Group& w, float* in, float* out, std::size_t count, kft::algo a) {
   const int me = w.rank(), p = w.size();
   for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>((static_cast<std::size_t>(me) + i) % 17);
   w.allreduce(in, out, count, kft::dtype::f32, kft::op_kind::sum, {.algorithm = a});
@@ -76,11 +85,9 @@ inline long verify(kft::group::mpi_cpu_group& w, float* in, float* out, std::siz
 }
 
 // From min_bytes while next_size advances (it stops past -e), float sum. Returns the exit code.
-template <class Next>
-int run(std::size_t min_bytes, Next next_size, int iters, int warmup, kft::algo requested,
-        const std::string& json_path) {
-  auto g = kft::group::mpi_group();
-  auto& w = *g;
+template <class Group, class Next>
+int run_on(Group& w, const std::string& inter, std::size_t min_bytes, Next next_size, int iters, int warmup,
+           kft::algo requested, const std::string& json_path) {
   const int me = w.rank(), p = w.size();
   const auto& lay = w.layout();
   const int M = lay.nodes(), L = lay.local_size();
@@ -92,6 +99,10 @@ int run(std::size_t min_bytes, Next next_size, int iters, int warmup, kft::algo 
   if (me == 0) {
     std::printf("# kft allreduce_perf across nodes: %d ranks on %s (%s), float sum, time = slowest rank's average call\n",
                 p, lay.describe().c_str(), w.fallback_reason().empty() ? "hierarchical available" : "uneven: flat only");
+    std::printf("# between nodes: %s; flat = %s over every rank; hier = shm reduce-scatter -> %s per rail -> shm "
+                "allgather\n",
+                inter.c_str(), inter == "Gloo" ? "Gloo's own ring allreduce" : "kft's ring over MPI",
+                inter == "Gloo" ? "Gloo's ring" : "kft's ring");
     std::printf("# node tx = bytes this node's network interfaces (not lo) sent per call, the busiest node; "
                 "model = 2(M-1)/M x N, what a ring on each rail sends per node\n");
     std::printf("# %10s %12s %13s %10s %10s %8s %11s %10s %8s %8s %14s %14s %14s %12s\n", "size", "count", "kft auto",
@@ -135,13 +146,34 @@ int run(std::size_t min_bytes, Next next_size, int iters, int warmup, kft::algo 
   if (me == 0) {
     std::printf("# Out of bounds values : %ld %s\n", errors, errors ? "FAILED" : "OK");
     if (!json_path.empty()) {
-      nlohmann::json doc = {{"collective", "allreduce"}, {"ranks", p}, {"nodes", M}, {"ranks_per_node", L},
+      nlohmann::json doc = {{"collective", "allreduce"}, {"inter_node", inter}, {"ranks", p}, {"nodes", M}, {"ranks_per_node", L},
                             {"layout", lay.describe()}, {"iterations", iters}, {"results", rows}};
       std::ofstream f(json_path);
       f << doc.dump(1) << "\n";
     }
   }
   return errors ? 1 : 0;
+}
+
+template <class Next>
+int run(std::size_t min_bytes, Next next_size, int iters, int warmup, kft::algo requested,
+        const std::string& json_path) {
+  const auto env = kft::environment::process();
+  const std::string inter = env.get("KFT_INTER_NODE").value_or("mpi");
+  if (inter == "gloo") {
+#if KFT_WITH_GLOO
+    // The store over MPI; Gloo's interface from KFT_SOCKET_IFNAME (netns_allreduce.sh: eth0).
+    auto store = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
+    const auto me = kft::discover(env);
+    auto g = kft::group::gloo_group(store.client, me, env);
+    return run_on(*g, "Gloo", min_bytes, next_size, iters, warmup, requested, json_path);
+#else
+    std::fprintf(stderr, "KFT_INTER_NODE=gloo, but kft was built without Gloo\n");
+    return 2;
+#endif
+  }
+  auto g = kft::group::mpi_group();
+  return run_on(*g, "MPI", min_bytes, next_size, iters, warmup, requested, json_path);
 }
 
 }  // namespace multinode

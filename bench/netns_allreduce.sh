@@ -8,8 +8,12 @@
 # the throttled rate in both directions at once); btl_tcp_links 2 (KFT_BENCH_TCP_LINKS) gives
 # each pair two connections and restores full duplex, for every algorithm alike.
 #
+# KFT_BENCH_INTER=gloo puts Gloo between the nodes instead of MPI (kft hierarchical over Gloo,
+# Gloo's own flat ring allreduce, and MPI_Allreduce, in one table; Gloo on each host's eth0).
+#
 #   bash bench/netns_allreduce.sh [build dir] [hosts] [ranks per host] [rate] [-- allreduce_perf flags]
 #   bash bench/netns_allreduce.sh build 2 2 1gbit -- -b 1M -e 64M -f 4 -n 5 -w 1
+#   KFT_BENCH_INTER=gloo bash bench/netns_allreduce.sh build 3 2 1gbit
 set -euo pipefail
 build=${1:-build}; hosts=${2:-2}; per=${3:-2}; rate=${4:-1gbit}
 shift $(( $# < 4 ? $# : 4 ))
@@ -25,10 +29,11 @@ trap '"$cluster" down "$name"; rm -rf "$tmp"' EXIT
 for ((i = 0; i < hosts; i++)); do echo "$("$cluster" addr "$name" $i) slots=$per"; done > "$tmp/hosts"
 a0=$("$cluster" addr "$name" 0)
 net="${a0%.*}.0/24"
-echo "# $hosts namespace hosts x $per ranks, egress of every host throttled to $rate (tc tbf); MPI over TCP between hosts (btl_tcp_links ${KFT_BENCH_TCP_LINKS:-2})"
+echo "# $hosts namespace hosts x $per ranks, egress of every host throttled to $rate (tc tbf); kft's group between hosts: ${KFT_BENCH_INTER:-mpi}; MPI_Allreduce over TCP (btl_tcp_links ${KFT_BENCH_TCP_LINKS:-2})"
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   mpirun --hostfile "$tmp/hosts" -np $((hosts * per)) \
   --mca plm_rsh_agent "$cluster agent $name" \
   --mca oob_tcp_if_include "$net" --mca btl_tcp_if_include "$net" --mca btl self,vader,tcp \
   --mca btl_tcp_links "${KFT_BENCH_TCP_LINKS:-2}" \
+  -x "KFT_INTER_NODE=${KFT_BENCH_INTER:-mpi}" -x KFT_SOCKET_IFNAME=eth0 \
   "$(cd "$build" && pwd)/bench/allreduce_perf" "${flags[@]}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Configures a kft build directory the way the README's commands do: warnings as errors, MPI
-# and hwloc required, CUDA and NCCL required when the CUDA toolkit is installed (then the GPU
+# Configures a kft build directory the way the README's commands do: warnings as errors, MPI,
+# hwloc and Gloo required, CUDA and NCCL required when the CUDA toolkit is installed (then the GPU
 # headers are compiled with nvcc; no GPU is needed for that).
 #
 #   tools/configure.sh BUILD_DIR [extra cmake args...]
@@ -18,4 +18,4 @@ else
   echo "configure: no CUDA toolkit (nvcc) found: CUDA and NCCL components off, GPU headers not compiled"
 fi
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKFT_WERROR=ON \
-  -DKFT_WITH_MPI=ON -DKFT_WITH_HWLOC=ON "${gpu[@]}" "$@"
+  -DKFT_WITH_MPI=ON -DKFT_WITH_HWLOC=ON -DKFT_WITH_GLOO=ON "${gpu[@]}" "$@"

@@ -6,24 +6,25 @@
 #   tools/install-deps.sh --build    # only what building and the demo need
 #   tools/install-deps.sh --bench    # build + tests + the benchmarks' peers and plots
 #   tools/install-deps.sh --build --bench   # build + benchmarks, no test packages
-# The test suite never needs the --bench packages: Gloo is an optional peer in bench/CMakeLists.txt.
+# The test suite never needs the --bench packages (plots only).
 set -euo pipefail
 
 build_pkgs=(cmake ninja-build g++ pkg-config git
             libcli11-dev nlohmann-json3-dev libhwloc-dev openmpi-bin libopenmpi-dev
             libyaml-cpp-dev                            # kft-manifest's YAML reading and writing
+            libgloo-dev                                # CPU collectives between nodes without MPI
             libopenblas-dev zlib1g-dev                 # example 05's BLAS and gzip reading
             dataset-fashion-mnist)                     # example 05's data (the README's main job)
 test_pkgs=(libboost-test-dev
            slurmd slurmctld slurm-client libpmix-dev   # a real Slurm cluster on localhost
            python3-torch                               # torchrun (Debian's /usr/bin/python3)
            procps iproute2                             # pgrep/ps and ss (Slurm script), ip/tc (netns hosts)
+           iptables                                    # a blackholed link between netns hosts (fault tests)
            mpich                                       # mpirun.mpich: a launcher that is not kft's MPI (mix-up tests)
            python3-jsonschema python3-yaml             # manifest validation against the real CRDs
            libbenchmark-dev)                           # bench/ddp_micro, Google Benchmark (smoke-tested)
 
-bench_pkgs=(libgloo-dev                                # Gloo, a peer in allreduce_perf
-            python3-matplotlib)                        # bench/plot_perf.py (Debian's /usr/bin/python3)
+bench_pkgs=(python3-matplotlib)                        # bench/plot_perf.py (Debian's /usr/bin/python3)
 
 only_build=0 bench=0
 for arg in "$@"; do

@@ -1,5 +1,6 @@
 // Conformance of the communicators whose ranks can be threads of one process: the shared-memory
-// transport, and the type-erased process group over it. One pool of rank threads (each with its
+// transport, the type-erased process group over it, and (with Gloo) the Gloo communicator over
+// TCP on 127.0.0.1 and the CPU group with Gloo between two "nodes" (host identities a, a, b, b). One pool of rank threads (each with its
 // own communicator) per rank count lives for the whole run; each case is handed to all of them.
 #define BOOST_TEST_ALTERNATIVE_INIT_API
 #include <boost/test/unit_test.hpp>
@@ -13,6 +14,10 @@
 #include <kft/group/process_group.hpp>
 #include <kft/rendezvous/memory_store.hpp>
 #include <kft/transport/shm/communicator.hpp>
+#if KFT_CONFORMANCE_GLOO
+#include <kft/group/gloo_group.hpp>
+#include <kft/transport/gloo/communicator.hpp>
+#endif
 
 #include "registry.hpp"
 
@@ -96,7 +101,7 @@ class rank_pool {
   std::vector<std::thread> threads_;
 };
 
-std::vector<kft::algo> shm_algorithms(kft::collective) { return {kft::algo::automatic, kft::algo::one_shot, kft::algo::two_shot}; }
+[[maybe_unused]] std::vector<kft::algo> shm_algorithms(kft::collective) { return {kft::algo::automatic, kft::algo::one_shot, kft::algo::two_shot}; }
 
 // A pool per (factory, p), made on first use and kept until the end of the run.
 template <class Comm>
@@ -111,6 +116,7 @@ conf::runner lazily(int p, typename rank_pool<Comm>::maker make) {
 }  // namespace
 
 bool init_unit_test() {
+#if !KFT_CONFORMANCE_GLOO
   for (int p = 1; p <= 5; ++p) {
     conf::register_suite("shm", p, conf::cases(p, shm_algorithms),
                          lazily<kft::shm::communicator>(p, [](auto store, int r, int n) {
@@ -125,6 +131,42 @@ bool init_unit_test() {
                                                             "shared memory");
                          }));
   }
+#else  // the same runner, built a second time as test_conformance_gloo
+  const kft::gloo::interface_choice loopback{"lo", "127.0.0.1", "test"};
+  for (int p = 1; p <= 4; ++p) {
+    conf::register_suite("gloo", p, conf::cases(p, [](kft::collective c) {
+                           if (c == kft::collective::allreduce) return std::vector{kft::algo::automatic, kft::algo::ring};
+                           return std::vector{kft::algo::automatic};
+                         }),
+                         lazily<kft::gloo::communicator>(p, [loopback](auto store, int r, int n) {
+                           kft::gloo::config c;
+                           c.timeout = 60s;
+                           return kft::gloo::communicator(store, r, n, kft::gloo::make_device(loopback), c);
+                         }));
+  }
+  // Two nodes of two ranks: flat and hierarchical allreduce over shm + Gloo.
+  conf::register_suite("gloo_group", 4, conf::cases(4, [](kft::collective c) {
+                         if (c == kft::collective::allreduce)
+                           return std::vector{kft::algo::automatic, kft::algo::flat, kft::algo::hierarchical};
+                         return std::vector{kft::algo::automatic};
+                       }),
+                       lazily<kft::group::process_group>(4, [loopback](auto store, int r, int n) {
+                         kft::world_info w;
+                         w.rank = r;
+                         w.world_size = n;
+                         w.hostname = "localhost";
+                         kft::group::gloo_group_config cfg;
+                         cfg.host = r < n / 2 ? "a" : "b";
+                         cfg.nic = loopback;
+                         cfg.shm = small_config("gloo-group");
+                         cfg.gloo.timeout = 60s;
+                         cfg.group.warn = false;
+                         cfg.group.hierarchical.chunk_bytes = 64u << 10;  // many pipeline chunks
+                         cfg.group.hierarchical.small_bytes = 1u << 10;   // the pipelined path from small messages
+                         return kft::group::process_group(
+                             kft::group::gloo_group(store, w, kft::environment::process(), cfg), "gloo group");
+                       }));
+#endif
   return true;
 }
 

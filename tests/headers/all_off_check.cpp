@@ -6,4 +6,4 @@
 
 static_assert(KFT_WITH_MPI == 0 && KFT_WITH_CUDA == 0 && KFT_WITH_NCCL == 0 && KFT_WITH_HWLOC == 0,
               "all components were configured OFF");
-static_assert(std::string_view(KFT_ABI_NAMESPACE_STRING).ends_with("_mpi0_cuda0_nccl0_hwloc0"));
+static_assert(std::string_view(KFT_ABI_NAMESPACE_STRING).ends_with("_mpi0_cuda0_nccl0_hwloc0_gloo0"));

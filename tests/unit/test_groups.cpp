@@ -53,6 +53,44 @@ BOOST_AUTO_TEST_CASE(one_node_gets_the_shared_memory_group) {
   }
 }
 
+#if KFT_WITH_GLOO
+// Several nodes and no MPI: shared memory per node + Gloo between them, and the group says so.
+BOOST_AUTO_TEST_CASE(several_nodes_without_mpi_get_the_gloo_group) {
+  auto store = std::make_shared<kft::rendezvous::memory_store>();
+  std::vector<std::string> what(4);
+  std::vector<float> sums(4);
+  std::vector<std::thread> t;
+  for (int r = 0; r < 4; ++r)
+    t.emplace_back([&, r] {
+      const kft::environment env(kft::environment::map_type{{"KFT_RUN_ID", "groups-gloo"},
+                                                            {"KFT_HOST_ID", "host" + std::to_string(r / 2)}});
+      auto pg = kft::group::make_process_group(place(r, 4, 2, 2), store, {}, env);
+      what[static_cast<std::size_t>(r)] = pg.description();
+      std::vector<float> x(5000, static_cast<float>(r + 1));
+      pg.allreduce(std::span<float>(x), kft::ops::sum);
+      sums[static_cast<std::size_t>(r)] = x[4999];
+    });
+  for (auto& x : t) x.join();
+  for (int r = 0; r < 4; ++r) {
+    BOOST_TEST_MESSAGE(what[static_cast<std::size_t>(r)]);
+    BOOST_TEST(what[static_cast<std::size_t>(r)] ==
+               "shared memory per node + Gloo between nodes (TCP on lo 127.0.0.1 (the route to 127.0.0.1)): 2 nodes x 2 ranks");
+    BOOST_TEST(sums[static_cast<std::size_t>(r)] == 10.0f);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_inter_node_choice_that_cannot_hold_is_refused) {
+  auto store = std::make_shared<kft::rendezvous::memory_store>();
+  for (const char* v : {"mpi", "carrier-pigeon"}) {
+    const kft::environment env(kft::environment::map_type{{"KFT_INTER_NODE", v}});
+    BOOST_CHECK_EXCEPTION(kft::group::make_process_group(place(1, 4, 2, 2), store, {}, env), kft::config_error,
+                          [&](const kft::config_error& e) {
+                            BOOST_TEST_MESSAGE(e.what());
+                            return e.variable() == "KFT_INTER_NODE" && e.value() == v;
+                          });
+  }
+}
+#else
 BOOST_AUTO_TEST_CASE(several_nodes_without_mpi_are_refused_naming_why) {
   auto store = std::make_shared<kft::rendezvous::memory_store>();
   BOOST_CHECK_EXCEPTION(kft::group::make_process_group(place(1, 4, 2, 2), store, {}, kft::environment{}),
@@ -63,6 +101,7 @@ BOOST_AUTO_TEST_CASE(several_nodes_without_mpi_are_refused_naming_why) {
                                  m.find("spans 2 nodes and has no inter-node CPU transport") != std::string::npos;
                         });
 }
+#endif
 
 BOOST_AUTO_TEST_CASE(malformed_settings_are_refused_by_the_factory) {
   auto store = std::make_shared<kft::rendezvous::memory_store>();

@@ -35,6 +35,9 @@
 #if KFT_WITH_NCCL
 #include <kft/transport/nccl/nccl.hpp>
 #endif
+#if KFT_WITH_GLOO
+#include <kft/group/gloo_group.hpp>
+#endif
 
 namespace {
 
@@ -42,7 +45,8 @@ nlohmann::json build_facts() {
   return {{"version", KFT_VERSION_STRING},
           {"abi_namespace", KFT_ABI_NAMESPACE_STRING},
           {"components", {{"mpi", bool(KFT_WITH_MPI)}, {"cuda", bool(KFT_WITH_CUDA)},
-                          {"nccl", bool(KFT_WITH_NCCL)}, {"hwloc", bool(KFT_WITH_HWLOC)}}}};
+                          {"nccl", bool(KFT_WITH_NCCL)}, {"hwloc", bool(KFT_WITH_HWLOC)},
+                          {"gloo", bool(KFT_WITH_GLOO)}}}};
 }
 
 nlohmann::json host_facts() {
@@ -141,6 +145,23 @@ nlohmann::json topology_facts(const kft::world_info& w, const kft::environment& 
   return j;
 }
 
+// The interface Gloo's connections would use between nodes (KFT_SOCKET_IFNAME, else the route
+// towards the store's host), as the process group chooses it.
+nlohmann::json gloo_facts(const kft::world_info& w, const kft::environment& env) {
+#if KFT_WITH_GLOO
+  try {
+    const auto nic = kft::group::gloo_interface(w, env);
+    return {{"interface", nic.name}, {"address", nic.address}, {"why", nic.why}};
+  } catch (const kft::error& e) {
+    return {{"error", e.what()}};
+  }
+#else
+  (void)w;
+  (void)env;
+  return {{"error", "kft built without Gloo (KFT_WITH_GLOO=OFF)"}};
+#endif
+}
+
 void print_text(const kft::discovery_report& r, const nlohmann::json& host, const nlohmann::json& build) {
   std::cout << kft::to_string(r.world);
   std::cout << "backends (precedence order):\n";
@@ -196,6 +217,12 @@ void print_text(const kft::discovery_report& r, const nlohmann::json& host, cons
       std::cout << "             " << line << "\n";
     }
   }
+  const auto& g = host["gloo"];
+  if (g.contains("error"))
+    std::cout << "gloo:         " << g["error"].get<std::string>() << "\n";
+  else
+    std::cout << "gloo:         between nodes over " << g["interface"].get<std::string>() << " "
+              << g["address"].get<std::string>() << " (" << g["why"].get<std::string>() << ")\n";
   if (host.contains("nccl"))
     std::cout << "nccl:         " << host["nccl"].value("version", host["nccl"].value("error", "")) << "\n";
   std::cout << "kft:          " << build["version"].get<std::string>() << " (" << build["abi_namespace"].get<std::string>() << ")\n";
@@ -248,6 +275,7 @@ int main(int argc, char** argv) {
     auto report = kft::discover_report(env);
 #endif
     auto host = host_facts();
+    host["gloo"] = gloo_facts(report.world, env);
 #if KFT_WITH_MPI
     host["topology"] = topology_facts(report.world, env, use_mpi, topology_mode, store_wait);
 #else

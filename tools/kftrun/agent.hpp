@@ -109,6 +109,9 @@ class agent {
     so.port = opt_.master_port;
     so.token = opt_.token;
     so.connect_timeout = opt_.rdzv_timeout;
+    // A store that does not answer for a heartbeat timeout is lost, as a silent agent is: the
+    // agents on the far side of a cut link end their part of the job as quickly as node 0 does.
+    so.io_timeout = std::max<std::chrono::milliseconds>(opt_.heartbeat_timeout, 2s);
     so.name = "kftrun agent of node " + std::to_string(opt_.node_rank) + " on " + host_;
     auto client = std::make_shared<rdzv::tcp_store>(so);
     store_ = std::make_shared<rdzv::prefix_store>(client, "kftrun/" + opt_.run_id + "/");

@@ -205,10 +205,11 @@ class worker_group {
     return none;
   }
 
-  /// SIGTERM to every live worker's process group, SIGKILL after `grace`; reaps everyone and
+  /// SIGTERM (and SIGCONT) to every live worker's process group, SIGKILL after `grace`; reaps everyone and
   /// drains their output. Leaves an empty group.
   void kill_all(std::chrono::milliseconds grace) {
     signal_all(SIGTERM);
+    signal_all(SIGCONT);  // a stopped worker (SIGSTOP, a debugger's) gets its SIGTERM now, not at SIGKILL
     const auto deadline = clock::now() + grace;
     while (!all_exited() && clock::now() < deadline) poll_once(std::chrono::milliseconds(20));
     if (!all_exited()) signal_all(SIGKILL);

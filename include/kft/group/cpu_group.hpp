@@ -29,6 +29,7 @@
 #include <utility>
 
 #include <kft/async/engine.hpp>
+#include <kft/core/environment.hpp>
 #include <kft/collectives/allreduce_hierarchical.hpp>
 #include <kft/rendezvous/connect.hpp>
 #include <kft/topology/layout.hpp>
@@ -46,6 +47,16 @@ struct cpu_group_config {
   algo flat_large = algo::automatic;   ///< the flat allreduce's algorithm for large messages
   bool warn = true;                    ///< rank 0 prints the one-line fallback warning
 };
+
+/// @brief Parses `KFT_ALGO` (auto, flat, hierarchical); absent = auto.
+/// @throws config_error naming the variable and value
+inline algo strategy_from(const environment& env) {
+  const auto v = env.get("KFT_ALGO");
+  if (!v || v->empty() || *v == "auto") return algo::automatic;
+  if (*v == "flat") return algo::flat;
+  if (*v == "hierarchical") return algo::hierarchical;
+  throw config_error("KFT_ALGO", *v, "is not auto, flat or hierarchical", error_site::of("allreduce"));
+}
 
 /// @brief What a `cpu_group` is made of (its builder makes them; the group owns them).
 template <class Inter>

@@ -12,14 +12,19 @@
 /// | --- | --- |
 /// | every rank on one node | the node's shared-memory communicator |
 /// | several nodes, MPI initialised (mpirun, srun --mpi=pmix) | `cpu_group<mpi::communicator>` (`mpi_group`) |
-/// | `KFT_HOST_ID` set, MPI initialised | `mpi_group`: its topology exchange finds the nodes (one node: shm inside it) |
-/// | several nodes, no MPI | refused: no inter-node CPU transport without MPI yet |
+/// | several nodes, no MPI (kftrun agents, torchrun, a TrainJob's pods) | `cpu_group<gloo::communicator>` (`gloo_group`) |
+/// | `KFT_HOST_ID` set | the same choice of MPI or Gloo: the topology exchange finds the nodes (one node: shm inside it) |
+/// | several nodes, neither MPI running nor Gloo built | refused, saying what to do |
+///
+/// `KFT_INTER_NODE=mpi|gloo` overrides the choice between MPI and Gloo (`auto`, the default:
+/// MPI when it is initialised, else Gloo). The group's `description()` says which it is.
 ///
 /// Environment read here: `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES`,
 /// `KFT_SHM_STREAMING_BYTES`, `KFT_RUN_ID`/`TORCHELASTIC_RUN_ID` (segment names), `KFT_ALGO`,
-/// `KFT_MPI_CHECK`, `KFT_HOST_ID` (through topology).
+/// `KFT_MPI_CHECK`, `KFT_INTER_NODE`, `KFT_SOCKET_IFNAME`, `KFT_HOST_ID` (through topology).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -33,6 +38,9 @@
 #if KFT_WITH_MPI
 #include <kft/group/mpi_group.hpp>
 #endif
+#if KFT_WITH_GLOO
+#include <kft/group/gloo_group.hpp>
+#endif
 
 KFT_NAMESPACE_BEGIN
 namespace group {
@@ -41,6 +49,9 @@ namespace group {
 struct group_options {
   shm::config shm;                                 ///< the node's shared-memory communicator
   cpu_group_config group{.flat_large = algo::ring};  ///< across nodes
+  /// Every transport's default deadline (shared memory, MPI, Gloo); 0 = `shm.timeout` for
+  /// shared memory and each inter-node transport's own default.
+  std::chrono::milliseconds timeout{0};
 };
 
 /// @brief Collective over the job: the process group of this rank (see the table above).
@@ -57,37 +68,63 @@ inline process_group make_process_group(const world_info& w, std::shared_ptr<ren
     mpi_running = initialized && !finalized;
   }
 #endif
+  std::string inter = env.get("KFT_INTER_NODE").value_or("auto");
+  if (inter.empty()) inter = "auto";
+  if (inter != "auto" && inter != "mpi" && inter != "gloo")
+    throw config_error("KFT_INTER_NODE", inter, "is not auto, mpi or gloo", error_site::of("process group"));
+  const bool use_mpi = inter == "mpi" || (inter == "auto" && mpi_running);
   // KFT_HOST_ID names the node a rank is on, over what the launcher says (one machine split
   // into "nodes", or hosts whose names collide): then the topology exchange inside the CPU
   // group decides, not the launcher's local size.
-  const bool host_ids = w.world_size > 1 && mpi_running && env.get("KFT_HOST_ID").has_value();
+  const bool host_ids = w.world_size > 1 && env.get("KFT_HOST_ID").has_value() && (mpi_running || KFT_WITH_GLOO);
   const bool one_node =
       !host_ids && (w.world_size == 1 || w.node_count == 1 || (w.local_size && *w.local_size == w.world_size));
+  if (o.timeout.count() > 0) o.shm.timeout = o.timeout;
   if (one_node) {
     auto comm = node_communicator(std::move(store), w, std::move(o.shm), env);
     const std::string what = "shared memory: 1 node x " + std::to_string(comm.size()) +
                              (comm.size() == 1 ? " rank" : " ranks");
     return process_group(std::move(comm), what);
   }
+  const auto site = error_site::in({}, w.rank, w.world_size, "process group");
+  if (use_mpi) {
 #if KFT_WITH_MPI
-  if (mpi_running) {
+    if (!mpi_running)
+      throw config_error("KFT_INTER_NODE", inter,
+                         "asks for MPI between nodes, but MPI is not initialised (call MPI_Init, and start the job "
+                         "with mpirun or srun --mpi=pmix)",
+                         site);
     mpi_group_config cfg;
     cfg.group = o.group;
     cfg.shm = std::move(o.shm);
     cfg = mpi_group_config_from(env, std::move(cfg));
+    if (o.timeout.count() > 0) cfg.mpi.timeout = o.timeout;
     auto g = mpi_group(MPI_COMM_WORLD, env, cfg);
     const std::string what = "shared memory per node + MPI between nodes: " + g->layout().describe();
     return process_group(std::move(g), what);
-  }
-  const std::string why = "MPI is not initialised (call MPI_Init, and start the job with mpirun or srun --mpi=pmix)";
 #else
-  const std::string why = "kft was built without MPI (KFT_WITH_MPI=OFF)";
+    throw config_error("KFT_INTER_NODE", inter, "asks for MPI, but kft was built without MPI (KFT_WITH_MPI=OFF)", site);
 #endif
+  }
+#if KFT_WITH_GLOO
+  gloo_group_config cfg;
+  cfg.group = o.group;
+  cfg.shm = std::move(o.shm);
+  cfg = gloo_group_config_from(env, std::move(cfg));
+  if (o.timeout.count() > 0) cfg.gloo.timeout = o.timeout;
+  cfg.nic = gloo_interface(w, env);
+  const std::string nic = cfg.nic->describe();
+  auto g = gloo_group(std::move(store), w, env, cfg);
+  const std::string what = "shared memory per node + Gloo between nodes (TCP on " + nic + "): " + g->layout().describe();
+  return process_group(std::move(g), what);
+#else
   throw config_error("", "",
                      "the job spans " + (w.node_count ? std::to_string(*w.node_count) : std::string("several")) +
-                         " nodes and has no inter-node CPU transport: " + why +
-                         "; CPU data across nodes without MPI is not supported yet",
-                     error_site::in({}, w.rank, w.world_size, "process group"));
+                         " nodes and has no inter-node CPU transport: MPI is not initialised (start the job with "
+                         "mpirun or srun --mpi=pmix and call MPI_Init) and kft was built without Gloo "
+                         "(KFT_WITH_GLOO=OFF; Debian: apt-get install libgloo-dev)",
+                     site);
+#endif
 }
 
 }  // namespace group

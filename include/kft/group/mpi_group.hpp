@@ -45,16 +45,6 @@ struct mpi_group_config {
   std::optional<std::string> host;                   ///< this rank's host identity (default: topology::host_id())
 };
 
-/// @brief Parses `KFT_ALGO` (auto, flat, hierarchical); absent = auto.
-/// @throws config_error naming the variable and value
-inline algo strategy_from(const environment& env) {
-  const auto v = env.get("KFT_ALGO");
-  if (!v || v->empty() || *v == "auto") return algo::automatic;
-  if (*v == "flat") return algo::flat;
-  if (*v == "hierarchical") return algo::hierarchical;
-  throw config_error("KFT_ALGO", *v, "is not auto, flat or hierarchical", error_site::of("allreduce"));
-}
-
 /// @brief `base` with the environment's settings: `KFT_ALGO`, `KFT_MPI_CHECK=1`, `KFT_SHM_*`.
 inline mpi_group_config mpi_group_config_from(const environment& env, mpi_group_config base = {}) {
   base.group.strategy = strategy_from(env);

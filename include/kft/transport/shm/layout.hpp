@@ -53,6 +53,7 @@ struct alignas(64) rank_ctrl {
   std::atomic<std::int32_t> pid;
   std::atomic<std::uint32_t> ready;
   std::atomic<std::uint64_t> pid_ns;  // inode of the rank's pid namespace
+  std::atomic<std::int32_t> world_rank;  // the rank's place in the whole job (config identity), for messages
 };
 
 struct alignas(64) header {

@@ -121,6 +121,7 @@ struct state {
     std::memset(region(me), 0, region_bytes);
     ctrl[me].pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
     ctrl[me].pid_ns.store(pid_namespace(), std::memory_order_relaxed);
+    ctrl[me].world_rank.store(cfg.identity.world_rank >= 0 ? cfg.identity.world_rank : me, std::memory_order_relaxed);
     ctrl[me].ready.store(1, std::memory_order_release);
     notify();
     std::chrono::steady_clock::time_point init_deadline{};
@@ -169,6 +170,14 @@ struct state {
   }
 
   // -- errors, abort, liveness ---------------------------------------------------------------
+
+  // A peer in messages: its index here and, when this node is part of a larger job, its rank
+  // there ("rank 0 (job rank 2)").
+  std::string job_rank(int r) const {
+    if (cfg.identity.world_size < 0 || cfg.identity.world_size == p) return {};
+    return " (job rank " + std::to_string(ctrl[r].world_rank.load(std::memory_order_relaxed)) + ")";
+  }
+  std::string who(int r) const { return "rank " + std::to_string(r) + job_rank(r); }
 
   error_site site(const std::string& op, std::uint64_t sequence) const {
     return error_site::in(cfg.identity, me, p, op, sequence);
@@ -292,7 +301,7 @@ struct state {
         next_liveness = now + 100ms;
         for (int r = 0; r < p; ++r)
           if (r != me && value_of(r) < target && !alive(r))
-            fail(remote_error("rank " + std::to_string(r) + " (pid " + std::to_string(ctrl[r].pid.load()) +
+            fail(remote_error(who(r) + " (pid " + std::to_string(ctrl[r].pid.load()) +
                                   ") died" + (current ? " during " + describe(*current) : std::string(" during set-up")) +
                                   ": its process is gone",
                               site(current ? std::string(name(static_cast<collective>(current->coll))) : "shm init",
@@ -302,7 +311,7 @@ struct state {
         std::string missing;
         for (int r = 0; r < p; ++r)
           if (r != me && value_of(r) < target)
-            missing += (missing.empty() ? "" : ", ") + std::to_string(r) + " (at #" +
+            missing += (missing.empty() ? "" : ", ") + std::to_string(r) + job_rank(r) + " (at #" +
                        std::to_string(arrived(r)) + ")";
         fail(timeout_error((current ? describe_args(*current) : std::string()) + "timed out after " +
                                kft::detail::describe_duration(timeout) + " in " + phase + " waiting for rank(s) " +
@@ -362,7 +371,7 @@ struct state {
       // out + rank * count); each rank reads it from the peer's signature instead.
       if (static_cast<collective>(k.sig.coll) == collective::allgather) theirs.in_off = k.sig.in_off;
       if (!(theirs == k.sig))
-        fail(mismatch_error("rank " + std::to_string(r) + " is at " + describe(theirs) + ", rank " +
+        fail(mismatch_error(who(r) + " is at " + describe(theirs) + ", rank " +
                                 std::to_string(me) + " at " + describe(k.sig),
                             site(std::string(name(static_cast<collective>(k.sig.coll))), k.sig.seq)));
     }

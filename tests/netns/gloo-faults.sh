@@ -1,0 +1,102 @@
+#!/bin/bash
+# Faults in a job across two network-namespace hosts with Gloo between them (no MPI): two kftrun
+# agents, two ranks each, allreducing with a 5 s deadline (tests/netns/gloo_fault_worker.cpp).
+# Each fault must end the whole job within the deadline + 5 s, with the culprit named in the
+# ranks' errors, and leave no process or shared-memory segment behind:
+#   worker_kill9  kill -9 of rank 3 (host 1)
+#   agent_kill9   kill -9 of host 1's kftrun agent
+#   blackhole     every packet in or out of host 1 dropped (iptables), after the job started
+#   sigstop       SIGSTOP of rank 2 (host 1)
+#
+#   gloo-faults.sh <kftrun> <gloo_fault_worker> [scenario...]
+#
+# Exit 77 (skip) when namespaces cannot be created.
+set -euo pipefail
+kftrun=$1 worker=$2; shift 2
+scenarios=("$@")
+((${#scenarios[@]})) || scenarios=(worker_kill9 agent_kill9 blackhole sigstop)
+here=$(cd "$(dirname "$0")" && pwd)
+cluster="$here/netns-cluster.sh"
+name="kftf$$"
+tmp=$(mktemp -d)
+agents=()
+cleanup() {
+  for p in "${agents[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  pkill -9 -f "$worker $tmp" 2>/dev/null || true
+  "$cluster" down "$name"
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+"$cluster" up "$name" 2 || exit $?   # 77 passes through as a skip
+command -v iptables >/dev/null || { echo "gloo-faults: iptables is not installed (Debian: apt-get install iptables)" >&2; exit 1; }
+master=$("$cluster" addr "$name" 0)
+export KFT_RDZV_TOKEN="gloo-faults-$$-$RANDOM"
+deadline_s=5 budget_s=10   # the collectives' deadline, and the time the job may take to end after the fault
+shm_before=$(ls /dev/shm | sort)
+
+fail() {
+  echo "FAILED ($scenario): $*" >&2
+  for f in "$tmp"/agent*.out; do echo "--- $f" >&2; tail -n 30 "$f" >&2; done
+  exit 1
+}
+
+for scenario in "${scenarios[@]}"; do
+  rm -f "$tmp"/pid.* "$tmp"/agent*.out
+  agents=()
+  for i in 0 1; do
+    "$cluster" exec "$name" "$i" "$kftrun" --nnodes 2 --node-rank "$i" --master-addr "$master" --master-port 29500 \
+      --nproc-per-node 2 --heartbeat-timeout 2 --run-id "f$scenario" -- "$worker" "$tmp" "$deadline_s" 120 \
+      > "$tmp/agent$i.out" 2>&1 &
+    agents+=($!)
+  done
+  for _ in $(seq 1 300); do
+    [[ $(cat "$tmp"/agent*.out 2>/dev/null | grep -c "ready rank" || true) == 4 ]] && break
+    sleep 0.1
+  done
+  [[ $(cat "$tmp"/agent*.out | grep -c "ready rank") == 4 ]] || fail "the 4 ranks did not start"
+  grep -q "Gloo between nodes" "$tmp/agent0.out" || fail "the group is not Gloo's"
+  sleep 0.5   # a few hundred steps in
+  t0=$(date +%s.%N)
+  case "$scenario" in
+    worker_kill9) kill -9 "$(cat "$tmp/pid.3")" ;;
+    agent_kill9) kill -9 "${agents[1]}" ;;
+    blackhole)
+      "$cluster" exec "$name" 1 iptables -A INPUT ! -i lo -j DROP
+      "$cluster" exec "$name" 1 iptables -A OUTPUT ! -o lo -j DROP ;;
+    sigstop) kill -STOP "$(cat "$tmp/pid.2")" ;;
+    *) echo "unknown scenario $scenario" >&2; exit 2 ;;
+  esac
+  # The job must end: every agent exits, non-zero, within the budget (a watchdog kills stragglers).
+  rcs=()
+  for i in 0 1; do
+    rc=0
+    timeout $((budget_s + 20)) tail --pid="${agents[$i]}" -f /dev/null || true
+    wait "${agents[$i]}" || rc=$?
+    rcs+=("$rc")
+  done
+  took=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.1f", a - b }')
+  agents=()
+  [[ "$scenario" == blackhole ]] && { "$cluster" exec "$name" 1 iptables -F; }
+  cat "$tmp"/agent*.out > "$tmp/all.out"
+  echo "== $scenario: job ended in ${took}s (agent exits: ${rcs[*]}); what the ranks said:"
+  grep -E "kft: rank|^kftrun\[" "$tmp/all.out" | cut -c1-400 | head -12
+  [[ "${rcs[0]}" != 0 ]] || fail "node 0's agent exited 0"
+  [[ "$scenario" == agent_kill9 || "${rcs[1]}" != 0 ]] || fail "node 1's agent exited 0"
+  awk -v t="$took" -v b="$budget_s" 'BEGIN { exit !(t <= b) }' || fail "the job took ${took}s to end, more than the deadline ${deadline_s}s + 5s"
+  # The culprit: kftrun names a dead worker or agent; the ranks' errors name the rank(s) on
+  # host 1 that fell silent (a stopped rank, a host cut off).
+  case "$scenario" in
+    worker_kill9) want="rank 3 \\(local rank 1, node 1\\) on $name-h1 was killed by signal 9|recorded no failure.*rank 3 \\($name-h1\\)" ;;
+    agent_kill9 | blackhole) want="the agent of node 1 on $name-h1 stopped sending heartbeats|recorded no failure.*rank [23] \\($name-h1\\)" ;;
+    sigstop) want="recorded no failure.*rank 2 \\($name-h1\\)|waiting for rank\\(s\\) 0 \\(job rank 2\\)" ;;
+  esac
+  grep -Eq "$want" "$tmp/all.out" || fail "no error names the culprit (/$want/)"
+  # Nothing left behind: no worker process, no new shared-memory segment.
+  sleep 0.5
+  if pgrep -f "$worker $tmp" >/dev/null; then fail "worker processes are left: $(pgrep -af "$worker $tmp")"; fi
+  shm_after=$(ls /dev/shm | sort)
+  left=$(comm -13 <(echo "$shm_before") <(echo "$shm_after") | grep kft || true)
+  [[ -z "$left" ]] || fail "shared-memory segments left in /dev/shm: $left"
+  echo "   ok: ended within ${took}s <= ${budget_s}s, culprit named, nothing left"
+done
+echo "all Gloo fault scenarios passed: ${scenarios[*]}"

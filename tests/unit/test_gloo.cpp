@@ -1,0 +1,185 @@
+// The Gloo communicator with ranks as threads over 127.0.0.1: the interface choice, refused
+// algorithms, asynchronous order, and what a failure says (a rank that never arrives, a rank
+// that aborts). The collectives' results are the conformance suite's (test_conformance_gloo).
+#define BOOST_TEST_MODULE kft_gloo
+#include <boost/test/unit_test.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <kft/rendezvous/memory_store.hpp>
+#include <kft/transport/gloo/communicator.hpp>
+
+using namespace std::chrono_literals;
+namespace kg = kft::gloo;
+
+namespace {
+
+const std::vector<kg::interface_address> fake{{"lo", "127.0.0.1"}, {"eth0", "10.0.0.2"}, {"eth1", "10.1.0.2"},
+                                                {"docker0", "172.17.0.1"}};
+
+// p ranks as threads, each with a communicator on its own TCP device; returns what each threw.
+std::vector<std::string> with_ranks(int p, const std::function<void(kg::communicator&)>& body,
+                                    std::chrono::milliseconds timeout = 30s) {
+  auto store = std::make_shared<kft::rendezvous::memory_store>();
+  std::vector<std::string> errors(static_cast<std::size_t>(p));
+  std::vector<std::thread> t;
+  for (int r = 0; r < p; ++r)
+    t.emplace_back([&, r] {
+      try {
+        kg::config c;
+        c.timeout = timeout;
+        c.report_grace = 1s;
+        c.host = "host" + std::to_string(r);
+        kg::communicator comm(store, r, p, kg::make_device({"lo", "127.0.0.1", "test"}), c);
+        body(comm);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& x : t) x.join();
+  return errors;
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_interface_is_named_by_kft_socket_ifname_or_the_route) {
+  BOOST_TEST(kg::choose_interface(std::string("eth"), "x", fake).name == "eth0");          // prefix: the first
+  BOOST_TEST(kg::choose_interface(std::string("eth1,eth0"), "x", fake).name == "eth0");    // the kernel's order
+  BOOST_TEST(kg::choose_interface(std::string("=eth1"), "x", fake).name == "eth1");        // exact
+  BOOST_TEST(kg::choose_interface(std::string("^lo,eth"), "x", fake).name == "docker0");   // all but
+  BOOST_TEST(kg::choose_interface(std::string("eth1"), "x", fake).address == "10.1.0.2");
+  BOOST_CHECK_EXCEPTION(kg::choose_interface(std::string("ib"), "x", fake), kft::config_error,
+                        [](const kft::config_error& e) {
+                          BOOST_TEST_MESSAGE(e.what());
+                          return e.variable() == "KFT_SOCKET_IFNAME" && has(e.what(), "eth0 10.0.0.2");
+                        });
+  BOOST_CHECK_THROW(kg::choose_interface(std::string("="), "x", fake), kft::config_error);
+  // No setting: the interface the kernel routes to the master address through.
+  const auto lo = kg::choose_interface(std::nullopt, "127.0.0.1");
+  BOOST_TEST(lo.address == "127.0.0.1");
+  BOOST_TEST(lo.describe() == lo.name + " 127.0.0.1 (the route to 127.0.0.1)");
+  BOOST_CHECK_EXCEPTION(kg::choose_interface(std::nullopt, "no-such-host.invalid"), kft::config_error,
+                        [](const kft::config_error& e) { return e.variable() == "MASTER_ADDR"; });
+}
+
+BOOST_AUTO_TEST_CASE(an_algorithm_gloo_does_not_run_is_refused) {
+  const auto errors = with_ranks(2, [](kg::communicator& c) {
+    std::vector<float> x(8, 1.0f);
+    BOOST_CHECK_EXCEPTION(c.allreduce(x.data(), x.data(), x.size(), kft::dtype::f32, kft::op_kind::sum,
+                                      {.algorithm = kft::algo::two_shot}),
+                          kft::usage_error, [](const kft::usage_error& e) { return has(e.what(), "Gloo"); });
+    BOOST_CHECK_THROW(c.broadcast(x.data(), x.data(), x.size(), kft::dtype::f32, 2), kft::usage_error);  // no rank 2
+    c.allreduce(x.data(), x.data(), x.size(), kft::dtype::f32, kft::op_kind::sum, {.algorithm = kft::algo::ring});
+    BOOST_TEST(x[7] == 2.0f);
+  });
+  for (const auto& e : errors) BOOST_TEST(e.empty(), e);
+}
+
+BOOST_AUTO_TEST_CASE(asynchronous_calls_run_in_submission_order) {
+  const auto errors = with_ranks(3, [](kg::communicator& c) {
+    std::vector<double> a(100000, c.rank() + 1.0), b(3);
+    std::vector<kft::async::work> w;
+    w.push_back(c.allreduce_async(a.data(), a.data(), a.size(), kft::dtype::f64, kft::op_kind::sum));  // 6
+    w.push_back(c.allreduce_async(a.data(), a.data(), a.size(), kft::dtype::f64, kft::op_kind::avg));  // still 6
+    const double mine = c.rank() * 10.0;
+    w.push_back(c.allgather_async(&mine, b.data(), 1, kft::dtype::f64));
+    for (auto& x : w) x.wait();
+    BOOST_TEST(a[99999] == 6.0);
+    BOOST_TEST(b[2] == 20.0);
+    BOOST_TEST(c.sequence() == 3u);
+  });
+  for (const auto& e : errors) BOOST_TEST(e.empty(), e);
+}
+
+// Ranks 0 and 1 call; rank 2 never does: both time out at their deadline, name rank 2 and its
+// host as the one that recorded no failure, and refuse later calls.
+BOOST_AUTO_TEST_CASE(a_timeout_names_the_rank_that_never_arrived) {
+  std::atomic<int> finished{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto errors = with_ranks(3, [&](kg::communicator& c) {
+    std::vector<float> x(1000, 1.0f);
+    if (c.rank() == 2) {
+      while (finished.load() < 2) std::this_thread::sleep_for(10ms);
+      return;
+    }
+    try {
+      c.allreduce(x.data(), x.data(), x.size(), kft::dtype::f32, kft::op_kind::sum, {.timeout = 1500ms});
+    } catch (...) {
+      ++finished;
+      BOOST_CHECK_THROW(c.barrier(), kft::usage_error);  // stopped by the failure
+      throw;
+    }
+    ++finished;
+  });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int r : {0, 1}) {
+    const auto& e = errors[static_cast<std::size_t>(r)];
+    BOOST_TEST_MESSAGE(e);
+    BOOST_TEST(has(e, "rank " + std::to_string(r) + "/3 gloo allreduce #1"), e);
+    BOOST_TEST((has(e, "timed out after 1.5 s") || has(e, "failed: ")), e);  // the last to fail sees a closed link
+    BOOST_TEST(has(e, "recorded no failure within 1 s (stopped, dead, cut off, or not in this call): rank 2 (host2)"), e);
+  }
+  BOOST_TEST(errors[2].empty());
+  BOOST_TEST(took < 20.0);  // the deadline, not the 30 s default
+}
+
+// Rank 1 aborts while rank 0 waits in an allreduce with a long deadline: rank 0 stops at once,
+// naming rank 1 and its reason.
+BOOST_AUTO_TEST_CASE(an_abort_stops_the_peers_at_once_naming_who_and_why) {
+  std::atomic<double> waited{0};
+  const auto errors = with_ranks(2, [&](kg::communicator& c) {
+    std::vector<float> x(1000, 1.0f);
+    c.barrier();
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(300ms);
+      c.abort("loss diverged at step 7");
+      BOOST_CHECK_EXCEPTION(c.barrier(), kft::usage_error,
+                            [](const kft::usage_error& e) { return has(e.what(), "loss diverged at step 7"); });
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      c.allreduce(x.data(), x.data(), x.size(), kft::dtype::f32, kft::op_kind::sum);
+    } catch (const kft::remote_error&) {
+      waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      throw;
+    }
+  });
+  BOOST_TEST_MESSAGE(errors[0]);
+  BOOST_TEST(has(errors[0], "rank 1 (host1) aborted the communicator: loss diverged at step 7"), errors[0]);
+  BOOST_TEST(errors[1].empty(), errors[1]);
+  BOOST_TEST(waited.load() > 0.0);
+  BOOST_TEST(waited.load() < 10.0);  // far inside the 30 s deadline
+}
+
+BOOST_AUTO_TEST_CASE(a_bad_place_or_missing_part_is_refused) {
+  auto store = std::make_shared<kft::rendezvous::memory_store>();
+  auto dev = kg::make_device({"lo", "127.0.0.1", "test"});
+  BOOST_CHECK_THROW(kg::communicator(store, 2, 2, dev), kft::usage_error);
+  BOOST_CHECK_THROW(kg::communicator(nullptr, 0, 1, dev), kft::usage_error);
+  BOOST_CHECK_THROW(kg::communicator(store, 0, 1, nullptr), kft::usage_error);
+  // One rank alone needs nobody.
+  kg::communicator one(store, 0, 1, dev);
+  std::vector<int> x{1, 2, 3};
+  one.allreduce(x.data(), x.data(), x.size(), kft::dtype::i32, kft::op_kind::avg);
+  BOOST_TEST(x[2] == 3);
+}
+
+// A rank whose peers never come: connecting stops at the deadline, naming the missing keys.
+BOOST_AUTO_TEST_CASE(connecting_has_a_deadline) {
+  auto store = std::make_shared<kft::rendezvous::memory_store>();
+  kg::config c;
+  c.timeout = 500ms;
+  BOOST_CHECK_EXCEPTION(kg::communicator(store, 0, 2, kg::make_device({"lo", "127.0.0.1", "test"}), c),
+                        kft::error, [](const kft::error& e) {
+                          BOOST_TEST_MESSAGE(e.what());
+                          return has(e.what(), "rank 0/2 gloo connect: connecting to the other 1 rank(s) timed out");
+                        });
+}
