@@ -162,10 +162,14 @@ int run(std::size_t min_bytes, Next next_size, int iters, int warmup, kft::algo 
   const std::string inter = env.get("KFT_INTER_NODE").value_or("mpi");
   if (inter == "gloo") {
 #if KFT_WITH_GLOO
-    // The store over MPI; Gloo's interface from KFT_SOCKET_IFNAME (netns_allreduce.sh: eth0).
-    auto store = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
+    // The store over MPI, advertised on the interface Gloo uses (KFT_SOCKET_IFNAME, as
+    // netns_allreduce.sh sets: host names of namespace hosts do not resolve).
     const auto me = kft::discover(env);
-    auto g = kft::group::gloo_group(store.client, me, env);
+    const auto nic = kft::group::gloo_interface(me, env);
+    auto store = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD, std::chrono::seconds(60), nic.address);
+    kft::group::gloo_group_config cfg = kft::group::gloo_group_config_from(env);
+    cfg.nic = nic;
+    auto g = kft::group::gloo_group(store.client, me, env, cfg);
     return run_on(*g, "Gloo", min_bytes, next_size, iters, warmup, requested, json_path);
 #else
     std::fprintf(stderr, "KFT_INTER_NODE=gloo, but kft was built without Gloo\n");

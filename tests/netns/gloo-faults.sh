@@ -12,6 +12,7 @@
 #
 # Exit 77 (skip) when namespaces cannot be created.
 set -euo pipefail
+trap 'echo "$(basename "$0"): line $LINENO: a command failed (exit $?)" >&2' ERR
 kftrun=$1 worker=$2; shift 2
 scenarios=("$@")
 ((${#scenarios[@]})) || scenarios=(worker_kill9 agent_kill9 blackhole sigstop)

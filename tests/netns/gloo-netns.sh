@@ -9,6 +9,7 @@
 #
 # netns exits 77 (skip) only when namespaces cannot be created.
 set -euo pipefail
+trap 'echo "$(basename "$0"): line $LINENO: a command failed (exit $?)" >&2' ERR
 mode=$1 kftrun=$2 prog=$3
 here=$(cd "$(dirname "$0")" && pwd)
 cluster="$here/netns-cluster.sh"

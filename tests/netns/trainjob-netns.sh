@@ -9,6 +9,7 @@
 #
 # Exit 77 (skip) when namespaces cannot be created.
 set -euo pipefail
+trap 'echo "$(basename "$0"): line $LINENO: a command failed (exit $?)" >&2' ERR
 manifest=$1 kftrun=$2 demo=$3
 here=$(cd "$(dirname "$0")" && pwd)
 cluster="$here/netns-cluster.sh"

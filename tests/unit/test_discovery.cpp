@@ -178,6 +178,20 @@ BOOST_AUTO_TEST_CASE(step_environment) {
   BOOST_TEST(*w.master_addr == "n1");
 }
 
+// A plain srun step (no MPI) meets through rank 0's store: every task derives the same port
+// from the job and step ids; MASTER_ADDR/MASTER_PORT from the batch script win.
+BOOST_AUTO_TEST_CASE(the_rendezvous_comes_from_the_step_or_the_batch_script) {
+  auto w = kft::discover(env(srun_step));
+  BOOST_TEST(*w.master_port == 29500 + (12 * 16 + 0) % 2000);
+  BOOST_TEST(*kft::discover(env(with(srun_step, {{"SLURM_PROCID", "0"}, {"SLURM_NODEID", "0"},
+                                                 {"SLURM_LOCALID", "0"}}))).master_port == *w.master_port);
+  BOOST_TEST(*kft::discover(env(with(srun_step, {{"SLURM_STEP_ID", "1"}}))).master_port != *w.master_port);
+  auto set = kft::discover(env(with(srun_step, {{"MASTER_ADDR", "10.0.0.7"}, {"MASTER_PORT", "41000"}})));
+  BOOST_TEST(*set.master_addr == "10.0.0.7");
+  BOOST_TEST(*set.master_port == 41000);
+  BOOST_CHECK_THROW(kft::discover(env(with(srun_step, {{"MASTER_PORT", "http"}}))), kft::config_error);
+}
+
 BOOST_AUTO_TEST_CASE(uneven_tasks_per_node) {
   auto w = kft::discover(env(with(srun_step, {{"SLURM_NTASKS", "7"}, {"SLURM_PROCID", "6"},
                                               {"SLURM_NODEID", "2"}, {"SLURM_LOCALID", "0"},

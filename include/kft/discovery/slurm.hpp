@@ -2,6 +2,7 @@
 /// @brief Slurm job-step environment (`srun`).
 #pragma once
 
+#include <cstdint>
 #include <numeric>
 #include <optional>
 
@@ -67,7 +68,24 @@ struct slurm_env {
                             *w.node_count, ctx);
     if (w.node_rank && static_cast<std::size_t>(*w.node_rank) < nodes.size())
       w.node_name = nodes[static_cast<std::size_t>(*w.node_rank)];
-    if (!nodes.empty()) w.master_addr = nodes.front();
+    // The rendezvous: MASTER_ADDR/MASTER_PORT when the batch script exports them (as PyTorch's
+    // Slurm recipes do), else the step's first node and a port every task of the step derives
+    // alike from the job and step ids (29500 + (job x 16 + step) mod 2000), so a plain
+    // `srun --mpi=none` step can meet through rank 0's store.
+    if (auto a = env.get("MASTER_ADDR"); a && !a->empty()) w.master_addr = *a;
+    else if (!nodes.empty()) w.master_addr = nodes.front();
+    if (auto port = env_int(env, "MASTER_PORT", 1, 65535, ctx)) {
+      w.master_port = static_cast<int>(*port);
+    } else if (auto job = env_int(env, "SLURM_JOB_ID", 0, INT32_MAX, ctx)) {
+      std::optional<int> step;
+      try {  // "batch" or "extern" outside srun steps: then 0
+        step = env_int(env, env.has("SLURM_STEP_ID") ? "SLURM_STEP_ID" : "SLURM_STEPID", 0, INT32_MAX, ctx);
+      } catch (const config_error&) {
+      }
+      w.master_port = 29500 + static_cast<int>((static_cast<long long>(*job) * 16 + step.value_or(0)) % 2000);
+      w.notes.push_back("rendezvous port " + std::to_string(*w.master_port) +
+                        " derived from SLURM_JOB_ID and SLURM_STEP_ID (set MASTER_PORT to choose one)");
+    }
 
     // Tasks per node gives this node's local size.
     const auto tpn_var = first_of({"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"});

@@ -4,7 +4,8 @@
 ///
 /// Rank 0 starts a store server on a free port with a fresh random token and broadcasts
 /// "host port token" over the communicator; every rank connects. The host is 127.0.0.1 when
-/// all ranks share rank 0's node, else rank 0's host name.
+/// all ranks share rank 0's node, else `advertise` when rank 0 gives one (an address of its
+/// own that the others reach, e.g. where host names do not resolve), else rank 0's host name.
 #pragma once
 
 #include <kft/config.hpp>
@@ -27,7 +28,8 @@ namespace rendezvous {
 
 /// @brief Collective over `comm`: returns every rank's connection to one store (hosted by rank 0).
 /// @throws transport_error when an MPI call fails (the same on every rank)
-inline store_handle mpi_bootstrap(MPI_Comm comm, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+inline store_handle mpi_bootstrap(MPI_Comm comm, std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                                  const std::string& advertise = {}) {
   auto check = [](int rc, const char* call) { mpi_check(rc, call, error_site::of("store bootstrap")); };
   int rank = 0, size = 1, local_size = 1;
   check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
@@ -43,7 +45,9 @@ inline store_handle mpi_bootstrap(MPI_Comm comm, std::chrono::milliseconds timeo
   std::string card;  // "host port token"
   if (rank == 0) {
     std::string host = "127.0.0.1";
-    if (!all_local) {
+    if (!all_local && !advertise.empty()) {
+      host = advertise;
+    } else if (!all_local) {
       char name[HOST_NAME_MAX + 1] = {};
       ::gethostname(name, sizeof name);
       host = name;
