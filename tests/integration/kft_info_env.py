@@ -56,8 +56,17 @@ SHOWS = [
      ["backend:      single", "forced by KFT_DISCOVERY=single"]),
     ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7"},  # batch shell: no step
      ["backend:      single", "rank:         0 of 1"]),
+    # The interface Gloo would use between nodes: the route to the store's host, or KFT_SOCKET_IFNAME.
+    ({}, ["gloo:         between nodes over lo 127.0.0.1 (the route to 127.0.0.1)"], "gloo"),
+    ({"KFT_SOCKET_IFNAME": "=lo"}, ["gloo:         between nodes over lo 127.0.0.1 (KFT_SOCKET_IFNAME==lo)"], "gloo"),
+    ({"KFT_SOCKET_IFNAME": "nosuch0"},
+     ['gloo:         kft: gloo interface: KFT_SOCKET_IFNAME="nosuch0" matches no interface with an IPv4 address here '
+      '(this host has: lo 127.0.0.1'], "gloo"),
 ]
-for extra, texts in SHOWS:
+for extra, texts, *needs in SHOWS:
+    if needs and not components.get(needs[0]):
+        print(f"skip {extra}: kft-info built without {needs[0]}")
+        continue
     p = subprocess.run([KFT_INFO, "--mpi=off"] if components["mpi"] else [KFT_INFO], env={**base, **extra},
                        capture_output=True, text=True, timeout=30)
     missing = [t for t in texts if t not in p.stdout]

@@ -74,6 +74,7 @@ BOOST_AUTO_TEST_CASE(inline_namespace_encodes_configuration) {
   const std::string ns = KFT_ABI_NAMESPACE_STRING;
   const std::string expect = "v" + std::to_string(KFT_VERSION_MAJOR) + "_" + std::to_string(KFT_VERSION_MINOR) +
                              "_mpi" + std::to_string(KFT_WITH_MPI) + "_cuda" + std::to_string(KFT_WITH_CUDA) +
-                             "_nccl" + std::to_string(KFT_WITH_NCCL) + "_hwloc" + std::to_string(KFT_WITH_HWLOC);
+                             "_nccl" + std::to_string(KFT_WITH_NCCL) + "_hwloc" + std::to_string(KFT_WITH_HWLOC) +
+                             "_gloo" + std::to_string(KFT_WITH_GLOO);
   BOOST_TEST(ns == expect);
 }
