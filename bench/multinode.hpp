@@ -169,6 +169,8 @@ int run(std::size_t min_bytes, Next next_size, int iters, int warmup, kft::algo 
     auto store = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD, std::chrono::seconds(60), nic.address);
     kft::group::gloo_group_config cfg = kft::group::gloo_group_config_from(env);
     cfg.nic = nic;
+    // KFT_BENCH_CHUNK_BYTES: the hierarchical pipeline's chunk (default: hierarchical_config's).
+    if (auto c = env.get("KFT_BENCH_CHUNK_BYTES")) cfg.group.hierarchical.chunk_bytes = std::stoull(*c);
     auto g = kft::group::gloo_group(store.client, me, env, cfg);
     return run_on(*g, "Gloo", min_bytes, next_size, iters, warmup, requested, json_path);
 #else

@@ -9,7 +9,8 @@
 # each pair two connections and restores full duplex, for every algorithm alike.
 #
 # KFT_BENCH_INTER=gloo puts Gloo between the nodes instead of MPI (kft hierarchical over Gloo,
-# Gloo's own flat ring allreduce, and MPI_Allreduce, in one table; Gloo on each host's eth0).
+# Gloo's own flat ring allreduce, and MPI_Allreduce, in one table; Gloo on each host's eth0);
+# KFT_BENCH_CHUNK_BYTES then sets the hierarchical pipeline's chunk.
 #
 #   bash bench/netns_allreduce.sh [build dir] [hosts] [ranks per host] [rate] [-- allreduce_perf flags]
 #   bash bench/netns_allreduce.sh build 2 2 1gbit -- -b 1M -e 64M -f 4 -n 5 -w 1
@@ -35,5 +36,5 @@ OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   --mca plm_rsh_agent "$cluster agent $name" \
   --mca oob_tcp_if_include "$net" --mca btl_tcp_if_include "$net" --mca btl self,vader,tcp \
   --mca btl_tcp_links "${KFT_BENCH_TCP_LINKS:-2}" \
-  -x "KFT_INTER_NODE=${KFT_BENCH_INTER:-mpi}" -x KFT_SOCKET_IFNAME=eth0 \
+  -x "KFT_INTER_NODE=${KFT_BENCH_INTER:-mpi}" -x KFT_SOCKET_IFNAME=eth0 ${KFT_BENCH_CHUNK_BYTES:+-x KFT_BENCH_CHUNK_BYTES} \
   "$(cd "$build" && pwd)/bench/allreduce_perf" "${flags[@]}"
