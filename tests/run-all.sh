@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: installs what the tests need, builds everything with warnings
 # as errors, and runs the whole suite with CTest (unit, MPI, torchrun, a real Slurm cluster
-# started and stopped by the suite, package consumption, header checks).
+# started and stopped by the suite, package consumption, header checks, the fault matrix,
+# fuzzing), then the ASan+UBSan and TSan subsets (tests/sanitizers/run.sh).
 #
 #   bash tests/run-all.sh [ctest args...]      e.g. -L unit, -R srun
 set -euo pipefail
@@ -13,4 +14,13 @@ bash "$src/tools/configure.sh" "$build"
 cmake --build "$build" -j "$(nproc)"
 cd "$build"
 # Tests start real launchers and daemons; each has a timeout and they clean up after themselves.
-exec ctest --output-on-failure --timeout 300 -j 2 "$@"
+rc=0
+(cd "$build" && ctest --output-on-failure --timeout 300 -j 2 "$@") || rc=$?
+# The whole run (no CTest arguments) also runs the sanitizer subsets (docs/reliability.md),
+# each with its own build directory and CTest summary. KFT_SANITIZERS=0 leaves them out.
+if [[ $# -eq 0 && "${KFT_SANITIZERS:-1}" != 0 ]]; then
+  for mode in asan tsan; do
+    bash "$src/tests/sanitizers/run.sh" "$mode" "$build-$mode" || rc=1
+  done
+fi
+exit $rc

@@ -22,7 +22,8 @@ test_pkgs=(libboost-test-dev
            iptables                                    # a blackholed link between netns hosts (fault tests)
            mpich                                       # mpirun.mpich: a launcher that is not kft's MPI (mix-up tests)
            python3-jsonschema python3-yaml             # manifest validation against the real CRDs
-           libbenchmark-dev)                           # bench/ddp_micro, Google Benchmark (smoke-tested)
+           libbenchmark-dev                            # bench/ddp_micro, Google Benchmark (smoke-tested)
+           clang libclang-rt-14-dev)                   # libFuzzer targets (tests/fuzz; the runtime is its own package)
 
 bench_pkgs=(python3-matplotlib)                        # bench/plot_perf.py (Debian's /usr/bin/python3)
 

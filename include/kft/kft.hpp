@@ -12,6 +12,7 @@
 #include <kft/core/error.hpp>
 #include <kft/core/namespace.hpp>
 #include <kft/core/parse.hpp>
+#include <kft/core/timeout.hpp>
 #include <kft/discovery/discover.hpp>
 #include <kft/discovery/world_info.hpp>
 #include <kft/rendezvous/connect.hpp>

@@ -31,7 +31,9 @@ CASES = [
 ]
 
 # Start from a clean environment so the test's own launcher (ctest under srun, say) does not leak in.
-base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LD_LIBRARY_PATH")}
+# Sanitizer settings (suppressions, options) do pass: a sanitized build runs this test too.
+base = {k: v for k, v in os.environ.items()
+        if k in ("PATH", "HOME", "LANG", "LD_LIBRARY_PATH") or k.endswith("SAN_OPTIONS")}
 failures = 0
 built = subprocess.run([KFT_INFO, "--json"], env=base, capture_output=True, text=True, timeout=30)
 components = __import__("json").loads(built.stdout)["kft"]["components"]

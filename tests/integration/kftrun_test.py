@@ -15,6 +15,8 @@ import sys
 import tempfile
 import time
 
+from procs import marked_processes
+
 KFTRUN, KFT_INFO, SCENARIO = sys.argv[1], sys.argv[2], sys.argv[3]
 MARK = str(random.randint(10**8, 10**9))  # unique argument to find this test's processes
 
@@ -44,20 +46,7 @@ def run(args, timeout=60, **extra):
 
 def leftovers():
     """Processes (other than kftrun agents) whose command line carries MARK."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if MARK in cmd and "kftrun" not in cmd and state != "Z":
-            found.append(f"{pid}: {cmd}")
-    return found
+    return marked_processes(MARK, skip=("kftrun",))
 
 
 def expect(cond, what, *context):
@@ -342,11 +331,228 @@ def bind_core():
     expect(p.returncode == 2 and "KFT_BIND=\"socket\"" in p.stderr, "a bad --bind is refused, naming it", p.stderr)
 
 
+# ---- hostile and unlucky input (issue 15): each failed before its fix -----------------------
+
+def proc_stat(pid):
+    """(state, utime+stime seconds) of a process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def wait_listening(port, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    expect(False, f"the store listens on port {port}")
+
+
+def frame(payload):
+    return len(payload).to_bytes(4, "little") + payload
+
+
+def wire_str(b):
+    return len(b).to_bytes(4, "little") + b
+
+
+def sigterm_during_gang_start():
+    port = free_port()
+    a = start(["--nnodes", "2", "--node-rank", "0", "--master-port", str(port), "--", "true"], KFT_RDZV_TOKEN="t")
+    wait_listening(port)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    a.send_signal(signal.SIGTERM)
+    _, err = a.communicate(timeout=30)
+    took = time.monotonic() - t0
+    expect(a.returncode == 143, "node 0 waiting for node 1 exits 143 on SIGTERM", a.returncode, err)
+    expect(took < 2, f"at once, not at the rendezvous timeout ({took:.2f} s)")
+    expect("received SIGTERM while waiting for the other nodes (node rank 1 of 2 did not join" in err,
+           "saying which signal, and what it was waiting for", err)
+    # A node whose master never comes up, in its connect retries.
+    b = start(["--nnodes", "2", "--node-rank", "1", "--master-port", str(free_port()), "--", "true"],
+              KFT_RDZV_TOKEN="t")
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    b.send_signal(signal.SIGINT)
+    _, err = b.communicate(timeout=30)
+    took = time.monotonic() - t0
+    expect(b.returncode == 130 and took < 2, f"node 1 connecting to its master exits 130 on SIGINT ({took:.2f} s)",
+           b.returncode, err)
+    expect("received SIGINT while connecting to the rendezvous store" in err, "saying so", err)
+
+
+def daemon_left_behind():
+    for code in (0, 3):
+        p, _ = run(["--nproc-per-node", "2", "--term-grace", "1", "--", "sh", "-c",
+                    f'(setsid sh -c "trap \\"\\" TERM; sleep {MARK}; sleep {MARK}" &); sleep 0.3; exit {code}'])
+        expect(p.returncode == code, f"the job exits {code}", p.returncode, p.stderr)
+        expect("ended 2 processes the workers left running" in p.stderr, "kftrun says it ended the daemons", p.stderr)
+        expect(not leftovers(), f"no daemon (setsid, double fork) outlives kftrun (exit {code})", *leftovers())
+
+
+def stopped_worker():
+    a = start(["--nproc-per-node", "2", "--term-grace", "20", "--", "sh", "-c",
+               f'if [ "$RANK" = 1 ]; then trap "" TERM; fi; while :; do sleep 0.2; done # {MARK}'])
+    wait_for_workers(2)
+    victim = None
+    for line in leftovers():
+        pid = int(line.split(":")[0])
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if b"\0RANK=1\0" in b"\0" + f.read():
+                victim = pid
+    expect(victim is not None, "found rank 1's process", *leftovers())
+    os.kill(victim, signal.SIGSTOP)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    a.send_signal(signal.SIGTERM)
+    _, err = a.communicate(timeout=60)
+    took = time.monotonic() - t0
+    expect(a.returncode == 143, "kftrun exits 143", a.returncode, err)
+    expect(took < 3, f"a stopped worker is killed at once, not after --term-grace 20 ({took:.2f} s)")
+    no_leftovers()
+
+
+def store_flood():
+    # 200 idle strangers against an agent limited to 128 file descriptors.
+    port = free_port()
+    token = dict(KFT_RDZV_TOKEN="t" + MARK)
+    a0 = subprocess.Popen(["prlimit", "--nofile=128:128", KFTRUN, "--nnodes", "2", "--node-rank", "0",
+                           "--master-port", str(port), "--rdzv-timeout", "60", "--", "true"],
+                          env=env(**token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_listening(port)
+    crowd = []
+    for _ in range(200):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        crowd.append(s)
+    time.sleep(0.5)
+    _, cpu0 = proc_stat(a0.pid)
+    time.sleep(2.0)
+    _, cpu1 = proc_stat(a0.pid)
+    expect(cpu1 - cpu0 < 0.5, f"the flooded store does not spin ({cpu1 - cpu0:.2f} s of CPU in 2 s)")
+    t0 = time.monotonic()
+    p, _ = run(["--nnodes", "2", "--node-rank", "1", "--master-port", str(port), "--rdzv-timeout", "20", "--",
+                "true"], timeout=60, **token)
+    took = time.monotonic() - t0
+    _, err0 = a0.communicate(timeout=60)
+    for s in crowd:
+        s.close()
+    expect(p.returncode == 0 and a0.returncode == 0, f"node 1 joins and the job succeeds while the crowd stays ({took:.1f} s)",
+           p.returncode, p.stderr, a0.returncode, err0[-2000:])
+    expect("dropped" in err0, "the store says it dropped strangers", err0[-2000:])
+    expect(err0.count("\n") < 60, "in a bounded number of lines", err0.count("\n"))
+
+
+def store_oversized_hello():
+    # 32 strangers each announce a 60 MiB first frame and stream data after it.
+    port = free_port()
+    a0 = start(["--nnodes", "2", "--node-rank", "0", "--master-port", str(port), "--rdzv-timeout", "30", "--", "true"],
+               KFT_RDZV_TOKEN="t" + MARK)
+    wait_listening(port)
+    time.sleep(0.3)
+    before = rss_mib(a0.pid)
+    import threading
+    sent = []
+
+    def stream():
+        total = 0
+        try:
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.settimeout(5)
+                s.sendall((60 << 20).to_bytes(4, "little"))
+                chunk = b"x" * 65536
+                while total < (24 << 20):
+                    s.sendall(chunk)
+                    total += len(chunk)
+        except OSError:
+            pass
+        sent.append(total)
+
+    threads = [threading.Thread(target=stream) for _ in range(32)]
+    for t in threads:
+        t.start()
+    peak = before
+    while any(t.is_alive() for t in threads):
+        peak = max(peak, rss_mib(a0.pid))
+        time.sleep(0.02)
+    peak = max(peak, rss_mib(a0.pid))
+    a0.send_signal(signal.SIGTERM)
+    _, err = a0.communicate(timeout=30)
+    expect(peak - before < 32, f"kftrun's memory stays flat ({before:.1f} -> {peak:.1f} MiB)")
+    expect(max(sent) < (16 << 20), f"each stranger is cut off after its header (at most {max(sent) >> 20} MiB taken)")
+    expect("a first frame of 62914560 bytes" in err, "the store names the oversized first frame", err[-2000:])
+
+
+def store_log_injection():
+    port = free_port()
+    a0 = start(["--nnodes", "2", "--node-rank", "0", "--master-port", str(port), "--rdzv-timeout", "30", "--", "true"],
+               KFT_RDZV_TOKEN="t" + MARK)
+    wait_listening(port)
+    forged = b"x\nkftrun[node 0]: FORGED " + MARK.encode() + b"\r\x1b[2K"
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(frame(bytes([1]) + wire_str(b"wrong") + wire_str(forged)))
+        s.recv(16)
+    time.sleep(0.3)
+    a0.send_signal(signal.SIGTERM)
+    _, err = a0.communicate(timeout=30)
+    expect("refused" in err and "FORGED" in err, "the refusal is logged", err)
+    expect(not any(l.startswith("kftrun[node 0]: FORGED") for l in err.splitlines()),
+           "but a stranger's name cannot start a log line of its own", err)
+    expect("\x1b" not in err and "\\x1b" in err and "\\n" in err, "control bytes are shown escaped", err)
+
+
+def unbounded_output():
+    # 100 MB of tqdm-style updates ('\r', no newline), and 20 MB in one unterminated line.
+    script = ("import sys\n"
+              "for i in range(1000000): sys.stdout.write('\\r' + str(i % 100).rjust(3) + '%|' + '#' * 90)\n"
+              "sys.stdout.write('y' * 20000000)\n")
+    with tempfile.TemporaryFile() as out:
+        a = subprocess.Popen([KFTRUN, "--", "/usr/bin/python3", "-c", script], env=env(), stdout=out,
+                             stderr=subprocess.PIPE, text=True)
+        time.sleep(0.2)
+        base = rss_mib(a.pid)
+        peak = base
+        while a.poll() is None:
+            try:
+                peak = max(peak, rss_mib(a.pid))
+            except OSError:
+                break
+            time.sleep(0.02)
+        a.communicate(timeout=120)
+        out.seek(0)
+        head = out.read(4096).decode()
+        out.seek(0, 2)
+        size = out.tell()
+    expect(a.returncode == 0, "the worker ran", a.returncode)
+    expect(peak - base < 32, f"kftrun's memory stays flat while relaying ({base:.1f} -> {peak:.1f} MiB)")
+    expect(head.startswith("[0]: \r") and "\r[0]:   1%|" in head, "each redraw is relayed with the rank prefix",
+           repr(head[:300]))
+    expect(size > 120_000_000, f"and nothing is lost ({size} bytes relayed)")
+
+
 SCENARIOS = {f.__name__: f for f in [
     signal_stops_every_node, nproc_auto, bind_core,
     torch_style_worker, worker_fails, worker_killed_by_signal, restart_once, restarts_exhausted,
     two_agents_restart_together, agent_killed, store_host_killed, sigterm, sigint, wrong_token, port_in_use,
-    unreachable_master, gang_timeout, log_dir, bad_input, pet_environment_forms]}
+    unreachable_master, gang_timeout, log_dir, bad_input, pet_environment_forms,
+    sigterm_during_gang_start, daemon_left_behind, stopped_worker, store_flood, store_oversized_hello,
+    store_log_injection, unbounded_output]}
 
 if __name__ == "__main__":
     try:

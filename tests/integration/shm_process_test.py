@@ -50,7 +50,47 @@ def sweep(cmd, n):
     expect(not shm_entries(), "/dev/shm holds nothing of the job afterwards", shm_entries())
 
 
+def all_kft_entries():
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("kft-"))
+
+
+def die_at_startup(cmd, launcher):
+    """Rank 1 of 3 is killed after meeting the store, before the shared segment: nothing may stay."""
+    before = all_kft_entries()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    expect(p.returncode != 0, f"under {launcher}, the job fails", p.returncode, p.stderr[-2000:])
+    if launcher == "kftrun":
+        expect("rank 1 (local rank 1, node 0)" in p.stderr and "signal 9" in p.stderr,
+               "naming rank 1 and SIGKILL", p.stderr[-2000:])
+    left = [f for f in all_kft_entries() if f not in before]
+    expect(not left, f"under {launcher}, no shared-memory segment is left in /dev/shm", left)
+
+
+def stall(cmd, how, timeout_s):
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    expect(p.returncode != 0, f"{how}: a rank stuck outside kft fails the job", p.returncode, p.stderr[-2000:])
+    expect(f"timed out after {timeout_s} s" in p.stderr and "waiting for rank(s) 1" in p.stderr,
+           f"{how}: the others' allreduce times out after {timeout_s} s naming rank 1", p.stderr[-3000:])
+    expect(took < timeout_s + 5, f"{how}: within the timeout + 5 s ({took:.1f} s)")
+
+
 def main():
+    if SCENARIO == "die_at_startup":
+        die_at_startup([KFTRUN, "--nproc-per-node", "3", "--", WORKER, "die_at_startup"], "kftrun")
+        die_at_startup([MPIRUN, "-np", "3", "--oversubscribe", WORKER, "die_at_startup"], "mpirun")
+        return
+    if SCENARIO == "timeout":
+        stall([KFTRUN, "--timeout", "3", "--nproc-per-node", "2", "--", WORKER, "stall"], "kftrun --timeout 3", 3)
+        env = dict(os.environ, KFT_TIMEOUT="4")
+        t0 = time.monotonic()
+        p = subprocess.run([MPIRUN, "-np", "2", "--oversubscribe", "-x", "KFT_TIMEOUT", WORKER, "stall"], env=env,
+                           capture_output=True, text=True, timeout=120)
+        expect(p.returncode != 0 and "timed out after 4 s" in p.stderr,
+               "mpirun -x KFT_TIMEOUT=4: the same, from the environment", p.returncode, p.stderr[-3000:])
+        expect(time.monotonic() - t0 < 4 + 5, "within the timeout + 5 s")
+        return
     before = shm_entries()
     expect(not before, "no leftover segments before the test", before)
     if SCENARIO == "sweep_kftrun":

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <kft/kft.hpp>
@@ -90,9 +91,13 @@ int main(int argc, char** argv) {
       me = kft::discover();
       store = kft::rendezvous::connect_store(me);
     }
+    if (mode == "die_at_startup" && me.rank == 1) {  // met the store, before the shared segment
+      std::this_thread::sleep_for(300ms);
+      ::raise(SIGKILL);
+    }
     kft::shm::config cfg;
     cfg.pool_bytes = 4u << 20;
-    cfg.timeout = 60s;
+    if (mode != "stall") cfg.timeout = 60s;  // stall: the default, from KFT_TIMEOUT
     cfg.name = "shm-worker";
     kft::shm::communicator comm(store.client, me.rank, me.world_size, cfg);
     if (mode == "sweep") {
@@ -108,6 +113,17 @@ int main(int argc, char** argv) {
       } catch (const kft::error& e) {
         std::fprintf(stderr, "rank %d: %s\n", me.rank, e.what());
         status = 3;
+      }
+    } else if (mode == "die_at_startup") {
+      comm.barrier();  // not reached: rank 1 is gone
+    } else if (mode == "stall") {
+      std::vector<float> buf(1024, 1.0f);
+      if (me.rank == 1) std::this_thread::sleep_for(120s);  // a rank stuck in its own code
+      try {
+        comm.allreduce(std::span<float>(buf), kft::ops::sum);
+      } catch (const kft::timeout_error& e) {
+        std::fprintf(stderr, "rank %d: %s\n", me.rank, e.what());
+        status = 5;
       }
     } else if (mode == "mismatch") {
       std::vector<float> big(1048576), small(4096);
@@ -128,6 +144,8 @@ int main(int argc, char** argv) {
     status = 1;
   }
 #if KFT_WITH_MPI
+  // A failed rank aborts the job: MPI_Finalize would wait for the stuck one.
+  if (mpi && status != 0) MPI_Abort(MPI_COMM_WORLD, status);
   if (mpi) MPI_Finalize();
 #endif
   return status;

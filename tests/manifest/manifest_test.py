@@ -196,6 +196,102 @@ def job_file():
     print("job_file: one file, three outputs, flags override")
 
 
+BIG = "a" * (10 << 20)  # 10 MB
+
+
+def bad_yaml_types():
+    """A job file of the wrong YAML types, bad syntax or huge values: exit 2, one line naming the
+    file, the field and its line (1-based), no value echoed in full, nothing written."""
+    head = "name: a\nimage: i\n"
+    # (file content, field named, line, kinds): the type cases fail the same way for every output
+    everyone = ("trainjob", "runtime", "mpijob", "sbatch")
+    cases = [
+        (head + "[a, b]: 1\ncommand: [x]\n", "key", 3, everyone),                      # a key that is a sequence
+        (head + "{x: 1}: 2\ncommand: [x]\n", "key", 3, everyone),                      # a key that is a mapping
+        (head + "~: 2\ncommand: [x]\n", "key", 3, everyone),                           # a null key
+        (head + "env:\n  FOO: [1, 2]\ncommand: [x]\n", "env.FOO", 4, everyone),       # env value a list
+        (head + "env:\n  FOO:\ncommand: [x]\n", "env.FOO", 4, everyone),              # env value null
+        (head + "env: {~: 2}\ncommand: [x]\n", "env", 3, everyone),                    # env name null
+        (head + "env:\n  [A]: 1\ncommand: [x]\n", "env", 4, everyone),                 # env name a list
+        (head + "env: [A=1]\ncommand: [x]\n", "env", 3, everyone),                     # a list for a mapping
+        (head + "env:\ncommand: [x]\n", "env", 3, everyone),                           # null for a mapping
+        (head + "env:\n  A: 1\n  A: 2\ncommand: [x]\n", "env.A", 5, everyone),        # duplicate env name
+        (head + "command:\n  - x\n  - [y]\n", "command[1]", 5, everyone),             # command entry a list
+        (head + "command: [x, ~]\n", "command[1]", 3, everyone),                       # command entry null
+        (head + "command:\n  - x\n  -\n", "command[1]", 5, everyone),                 # an empty entry
+        (head + "command:\n  - x\n  -   # nothing\n\n  # more\n  - y\n", "command[1]", 5, everyone),
+        (head + "command: ./train --epochs 3\n", "command", 3, everyone),             # a scalar for a list
+        (head + "command: {a: b}\n", "command", 3, everyone),                          # a mapping for a list
+        (head + "label:\n  team: {a: b}\ncommand: [x]\n", "label.team", 4, everyone),  # label value a map
+        (head + "label:\n  team: ml\n  team: ai\ncommand: [x]\n", "label.team", 5, everyone),
+        (head + "annotation:\n  example.com/o: [me]\ncommand: [x]\n", "annotation.example.com/o", 4, everyone),
+        ("name:\nimage: i\ncommand: [x]\n", "name", 1, everyone),                      # null for a scalar
+        ("name: [a]\nimage: i\ncommand: [x]\n", "name", 1, everyone),                  # a list for a scalar
+        ("name: a\nimage: {i: 1}\ncommand: [x]\n", "image", 2, everyone),              # a mapping for a scalar
+        (head + "name: b\ncommand: [x]\n", "name", 3, everyone),                       # duplicate field
+        (head + "nodes: [1]\ncommand: [x]\n", "nodes", 3, everyone),                   # a list for an integer
+        (head + "nodes:\ncommand: [x]\n", "nodes", 3, everyone),                       # null for an integer
+        (head + "nodes: lots\ncommand: [x]\n", "nodes", 3, everyone),                  # not an integer
+        (head + "nodes: 99999999999\ncommand: [x]\n", "nodes", 3, everyone),           # not an int
+        (head + "ttl: 1.5\ncommand: [x]\n", "ttl", 3, everyone),
+        (head + "gang: [volcano]\ncommand: [x]\n", "gang", 3, everyone),
+        (head + "gang: sometimes\ncommand: [x]\n", "gang", 3, everyone),
+        (head + "nprocs-per-node: 2\ncommand: [x]\n", "nprocs-per-node", 3, everyone),  # unknown field
+        ("name: a\nimage: [i\ncommand: [x]\n", "", 3, everyone),                        # YAML syntax error
+        ("name: a\nimage: i\n  nodes: 2\n", "", 3, everyone),                           # bad indentation
+        ("- name: a\n- image: i\n", "", 1, everyone),                                   # not a mapping
+        (head + "command: [x]\n---\nname: b\n", "", 5, everyone),                       # two documents
+        # values the checks refuse, from the file: the message still says where
+        ("name: Train\nimage: i\ncommand: [x]\n", "name", 1, ("trainjob", "mpijob")),
+        (head + "nodes: 0\ncommand: [x]\n", "nodes", 3, everyone),
+        (head + "memory: 4Gix\ncommand: [x]\n", "memory", 3, everyone),
+        (head + "env:\n  A: 1\n  PET_NNODES: 2\ncommand: [x]\n", "env.PET_NNODES", 5, ("trainjob", "mpijob")),
+        (head + "label:\n  bad key: v\ncommand: [x]\n", "label.bad key", 4, ("trainjob", "mpijob")),
+        (head + "time: soon\ncommand: [x]\n", "time", 3, ("sbatch",)),
+        # 10 MB values: refused, echoed only in part
+        (f"name: {BIG}\nimage: i\ncommand: [x]\n", "name", 1, ("trainjob",)),
+        (f"name: a\nimage: i\nmemory: 1{BIG}\ncommand: [x]\n", "memory", 3, ("mpijob",)),
+        (f"name: a\ntime: 1{'1' * (10 << 20)}x\ncommand: [x]\n", "time", 2, ("sbatch",)),
+        (f"name: a\nimage: i\nenv:\n  ? 1{'E' * (10 << 20)}\n  : 1\ncommand: [x]\n", "env.1E", 4, ("trainjob",)),
+        (f"name: a\nimage: i\nlabel:\n  team: {BIG}\ncommand: [x]\n", "label.team", 4, ("trainjob",)),
+        (f"name: a\nimage: i\ncommand: [x, [{BIG}]]\n", "command[1]", 3, ("trainjob",)),
+        (f"name: a\nimage: i\nenv: {{A: [{', '.join(['1'] * 100000)}]}}\ncommand: [x]\n", "env.A", 3, ("trainjob",)),
+    ]
+    runs = 0
+    with tempfile.TemporaryDirectory() as d:
+        jf = os.path.join(d, "job.yaml")
+        out = os.path.join(d, "out.yaml")
+        for text, field, line, kinds in cases:
+            with open(jf, "w") as f:
+                f.write(text)
+            what = text[:120] + (f"... ({len(text)} bytes)" if len(text) > 120 else "")
+            for kind in kinds:
+                p = tool(kind, "--job-file", jf, "-o", out, check=False)
+                runs += 1
+                err = p.stderr[:4000]
+                expect("terminate called" not in p.stderr and p.returncode == 2,
+                       f"{kind}: exit 2, no crash, for {what!r}", p.returncode, err)
+                expect(len(p.stderr) < 1000, f"{kind}: a short message for {what!r} ({len(p.stderr)} bytes)", err)
+                expect(p.stderr.count("\n") == 1 and p.stderr.endswith("\n"), f"{kind}: one line for {what!r}", err)
+                expect(jf in p.stderr, f"{kind}: the message names the file for {what!r}", err)
+                expect(f"line {line}," in p.stderr, f"{kind}: the message says line {line} for {what!r}", err)
+                expect(not field or f": {field}" in p.stderr, f"{kind}: the message names {field!r} for {what!r}", err)
+                expect(sorted(os.listdir(d)) == ["job.yaml"], f"{kind}: nothing written for {what!r}", os.listdir(d))
+        # the same values from flags still name the flag (and are not echoed in full either)
+        p = tool("trainjob", "--name", "a" * 100000, "--image", "i", "-o", out, "--", "x", check=False)
+        expect(p.returncode == 2 and "--name=" in p.stderr and "(100000 bytes)" in p.stderr and len(p.stderr) < 1000,
+               "a 100 kB --name is refused, echoed in part", p.returncode, p.stderr[:2000])
+        # and a good file is still read, flags overriding (a flag fixes the file's bad value)
+        with open(jf, "w") as f:
+            f.write("---\nname: Train\nimage: i\nnodes: 2\ncommand: [x, 'null', '']\n---\n")
+        p = tool("trainjob", "--job-file", jf, "--name", "ok", check=False)
+        expect(p.returncode == 0, "a flag overrides the file's bad value", p.stderr)
+        tj = yaml.safe_load(p.stdout)
+        expect(tj["spec"]["trainer"]["command"] == ["kftrun", "--", "x", "null", ""], "quoted null and '' kept",
+               tj["spec"]["trainer"]["command"])
+    print(f"bad_yaml_types: {len(cases)} malformed job files, {runs} runs, each exit 2 naming file, field and line")
+
+
 def free_port():
     import socket
     s = socket.socket()
@@ -312,8 +408,8 @@ def templates():
     print(f"templates: {len(made)} templates match the tool and validate")
 
 
-SCENARIOS = {f.__name__: f for f in [matrix, negative_validator, roundtrip, bad_input, job_file, trainjob_env,
-                                     mpijob_launcher, sbatch_slurm, templates]}
+SCENARIOS = {f.__name__: f for f in [matrix, negative_validator, roundtrip, bad_input, bad_yaml_types, job_file,
+                                     trainjob_env, mpijob_launcher, sbatch_slurm, templates]}
 
 if __name__ == "__main__":
     SCENARIOS[SCENARIO]()

@@ -34,8 +34,9 @@ ALLOWED = {
     "ddp/": CORE + ["kernels/", "async/", "transport/concepts.hpp", "transport/checks.hpp",
                     "transport/typed_collectives.hpp", "group/process_group.hpp"],
 }
-# Headers that may read the environment: the ones that exist to turn it into settings.
-ENV_READERS_OK = ("core/environment.hpp", "core/parse.hpp", "discovery/", "rendezvous/", "topology/", "group/",
+# Headers that may read the environment: the ones that exist to turn it into settings
+# (core/timeout.hpp: KFT_TIMEOUT, the one default every transport's deadlines derive from).
+ENV_READERS_OK = ("core/environment.hpp", "core/parse.hpp", "core/timeout.hpp", "discovery/", "rendezvous/", "topology/", "group/",
                   "ddp/", "manifest/", "kft.hpp")
 include_rx = re.compile(r'^\s*#\s*include\s*<kft/([^>]+)>')
 env_rx = re.compile(r'\bgetenv\s*\(|\benviron\b|environment::process\s*\(')

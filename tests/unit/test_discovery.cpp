@@ -234,6 +234,24 @@ BOOST_AUTO_TEST_CASE(malformed) {
   expect_config_error(env(with(srun_step, {{"SLURM_LOCALID", "2"}})), "SLURM_LOCALID");
 }
 
+// Found by tests/fuzz/discovery_env: without a node count, a node list or tasks per node, the
+// node and local indices were taken unchecked (node 8 of a 7-task step).
+BOOST_AUTO_TEST_CASE(indices_are_checked_against_the_step_size_when_nothing_else_bounds_them) {
+  const vars bare{{"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_STEP_ID", "0"}};
+  auto w = kft::discover(env(with(bare, {{"SLURM_NODEID", "1"}, {"SLURM_LOCALID", "0"}})));
+  BOOST_TEST(*w.node_rank == 1);
+  BOOST_TEST(*w.local_rank == 0);
+  expect_config_error(env(with(bare, {{"SLURM_NODEID", "2"}})), "SLURM_NODEID", "SLURM_STEP_NUM_TASKS=2");
+  expect_config_error(env(with(bare, {{"SLURM_LOCALID", "5"}})), "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS=2");
+}
+
+// A step runs at least one task on each of its nodes: a 0 in the list is no local size.
+BOOST_AUTO_TEST_CASE(a_node_without_tasks_is_refused) {
+  expect_config_error(env(with(srun_step, {{"SLURM_TASKS_PER_NODE", "0,4"}, {"SLURM_NODEID", "0"},
+                                           {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}})),
+                      "SLURM_TASKS_PER_NODE", "no task");
+}
+
 BOOST_AUTO_TEST_CASE(torchrun_under_srun_disagrees_and_torchrun_wins) {
   // torchrun started by srun: its workers carry the agent's SLURM_PROCID.
   vars one_task_step{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_ID", "0"}, {"SLURM_LOCALID", "0"},
@@ -368,6 +386,26 @@ BOOST_AUTO_TEST_CASE(gaps_filled_from_an_agreeing_backend) {
   BOOST_TEST(has_note(w, "completed from slurm"));
 }
 
+// Found by tests/fuzz/discovery_env: torchrun's LOCAL_RANK=1 alone was completed with the pod's
+// "local rank 0 of 1" into local rank 1 of 1. A pair is completed only when the other backend
+// agrees with what the decider knows, and only into rank < size.
+BOOST_AUTO_TEST_CASE(gaps_are_not_filled_into_an_impossible_local_view) {
+  auto w = kft::discover(env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"PET_NNODES", "2"},
+                              {"PET_NODE_RANK", "1"}}));
+  BOOST_TEST(w.backend == "torchrun");
+  BOOST_TEST(*w.local_rank == 1);
+  BOOST_TEST(!w.local_size);  // still unknown: the pod's 0 of 1 contradicts LOCAL_RANK=1
+  BOOST_TEST(*w.node_rank == 1);  // the node view agrees and is completed
+  BOOST_TEST(*w.node_count == 2);
+  // A local size that does not hold the decider's local rank is not taken either.
+  auto s = kft::discover(env({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"SLURM_PROCID", "3"},
+                              {"SLURM_NTASKS", "4"}, {"SLURM_STEP_ID", "1"}, {"SLURM_NODEID", "1"},
+                              {"SLURM_STEP_NODELIST", "n[1-2]"}, {"SLURM_TASKS_PER_NODE", "3,1"}}));
+  BOOST_TEST(s.backend == "mpi");
+  BOOST_TEST(*s.local_rank == 1);
+  BOOST_TEST(!s.local_size);
+}
+
 BOOST_AUTO_TEST_CASE(report_lists_every_backend_in_order) {
   auto r = kft::discover_report(env(torchrun_worker));
   BOOST_TEST(r.outcomes.size() == 7u);
@@ -386,6 +424,28 @@ BOOST_AUTO_TEST_CASE(json_form_uses_null_for_unknown) {
   const std::string text = kft::to_string(w);
   BOOST_TEST(text.find("rank:         0 of 2") != std::string::npos);
   BOOST_TEST(text.find("local rank:   ? of ?") != std::string::npos);
+}
+
+// Found by tests/fuzz/discovery_env: a value that is not UTF-8 (echoed in a note, a hostname)
+// made kft-info --json's dump() throw nlohmann's type_error 316. Such bytes become U+FFFD.
+BOOST_AUTO_TEST_CASE(json_form_always_dumps) {
+  auto r = kft::discover_report(env(with(torchrun_worker, {{"MASTER_ADDR", "10.0.0.\xd7" "1"}, {"SLURM_PROCID", "\xff"},
+                                                           {"SLURM_STEP_ID", "0"}}),
+                                    "host-\xc3"));
+  nlohmann::json j = r;
+  std::string text;
+  BOOST_REQUIRE_NO_THROW(text = j.dump());
+  const std::string bad = "\xef\xbf\xbd";  // U+FFFD
+  BOOST_TEST(j["world"]["master_addr"] == "10.0.0." + bad + "1");
+  BOOST_TEST(j["world"]["hostname"] == "host-" + bad);
+  BOOST_TEST(text.find("ignored slurm") != std::string::npos);
+  // Valid UTF-8 passes unchanged; each byte of an invalid sequence is replaced.
+  const std::string good = "n\xc5\x93ud-\xce\xb1-\xf0\x9f\x9a\x80";  // nœud-α-🚀
+  BOOST_TEST(kft::detail::valid_utf8(good) == good);
+  BOOST_TEST(kft::detail::valid_utf8("\xc0\xaf") == bad + bad);           // overlong '/'
+  BOOST_TEST(kft::detail::valid_utf8("\xed\xa0\x80") == bad + bad + bad);  // a surrogate
+  BOOST_TEST(kft::detail::valid_utf8("a\xe2\x82") == "a" + bad + bad);     // cut short
+  BOOST_TEST(kft::detail::valid_utf8("\xf4\x90\x80\x80") == bad + bad + bad + bad);  // above U+10FFFF
 }
 
 BOOST_AUTO_TEST_CASE(process_environment_snapshot_reads_real_variables) {

@@ -42,6 +42,40 @@ BOOST_AUTO_TEST_CASE(malformed_host_lists_name_the_variable) {
   }
 }
 
+// Found by tests/fuzz/slurm_lists: names without brackets after a full range went past the cap.
+BOOST_AUTO_TEST_CASE(the_entry_cap_counts_plain_names_too) {
+  BOOST_TEST(slurm::expand_hostlist("n[0-1048574],last").size() == slurm::max_hostlist_entries);
+  for (const char* over : {"[0-1048575]0,1", "n[0-1048575],a", "a,b,n[0-1048574]"}) {
+    BOOST_TEST_INFO("list \"" << over << "\"");
+    BOOST_CHECK_EXCEPTION(slurm::expand_hostlist(over, "SLURM_NODELIST"), kft::config_error,
+                          [&](const kft::config_error& e) {
+                            return e.variable() == "SLURM_NODELIST" &&
+                                   std::string(e.what()).find("more than 1048576 hosts") != std::string::npos;
+                          });
+  }
+}
+
+// The entry cap alone let a long name before a big range ask for gigabytes (1000 characters x
+// 2^20 hosts = 2 GB, seen while writing tests/fuzz/slurm_lists): the names' total size is
+// capped too.
+BOOST_AUTO_TEST_CASE(expansions_are_capped_in_bytes_not_only_in_entries) {
+  const std::string prefix(100, 'x');  // 2^20 names of 107 characters: 107 MiB
+  for (const std::string& big : {prefix + "[0-1048575]",
+                                 "r[0-1023]" + std::string(70000, 'y'),  // the text after a bracket, per name
+                                 "r[0-1023]n[0-1023]-" + prefix}) {
+    BOOST_TEST_INFO("list of " << big.size() << " characters");
+    BOOST_CHECK_EXCEPTION(slurm::expand_hostlist(big, "SLURM_JOB_NODELIST"), kft::config_error,
+                          [&](const kft::config_error& e) {
+                            return e.variable() == "SLURM_JOB_NODELIST" &&
+                                   std::string(e.what()).find("MiB") != std::string::npos;
+                          });
+  }
+  // Real lists, even a million short names, are still expanded.
+  const auto hosts = slurm::expand_hostlist("nid[000000-999999]");
+  BOOST_TEST(hosts.size() == 1000000u);
+  BOOST_TEST(hosts.back() == "nid999999");
+}
+
 BOOST_AUTO_TEST_CASE(task_counts) {
   BOOST_TEST(slurm::expand_tasks_per_node("4") == ints({4}), boost::test_tools::per_element());
   BOOST_TEST(slurm::expand_tasks_per_node("2(x3),1") == ints({2, 2, 2, 1}), boost::test_tools::per_element());

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -143,6 +144,12 @@ BOOST_AUTO_TEST_CASE(add_is_atomic_across_clients) {
       BOOST_TEST(s->add("counter", -10) == threads * each - 10);
       s->set("text", "abc");
       BOOST_CHECK_THROW(s->add("text", 1), kft::usage_error);
+      // Past int64: refused, the counter unchanged (it was signed overflow, undefined behaviour).
+      s->set("big", std::to_string(std::numeric_limits<std::int64_t>::max()));
+      BOOST_CHECK_THROW(s->add("big", 1), kft::usage_error);
+      BOOST_TEST(s->add("big", 0) == std::numeric_limits<std::int64_t>::max());
+      s->set("small", std::to_string(std::numeric_limits<std::int64_t>::min()));
+      BOOST_CHECK_THROW(s->add("small", -1), kft::usage_error);
     }
   }
 }

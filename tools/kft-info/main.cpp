@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <kft/core/timeout.hpp>
 #include <kft/discovery/json.hpp>
 #include <kft/kft.hpp>
 
@@ -47,6 +48,19 @@ nlohmann::json build_facts() {
           {"components", {{"mpi", bool(KFT_WITH_MPI)}, {"cuda", bool(KFT_WITH_CUDA)},
                           {"nccl", bool(KFT_WITH_NCCL)}, {"hwloc", bool(KFT_WITH_HWLOC)},
                           {"gloo", bool(KFT_WITH_GLOO)}}}};
+}
+
+// KFT_TIMEOUT and the defaults derived from it (docs/reliability.md).
+nlohmann::json timeout_facts(const kft::environment& env) {
+  try {
+    const auto t = kft::derived_timeouts::from(kft::checked_job_timeout());
+    auto s = [](std::chrono::milliseconds d) { return static_cast<double>(d.count()) / 1000.0; };
+    return {{"job_s", s(t.job)}, {"store_request_s", s(t.store_request)}, {"heartbeat_s", s(t.heartbeat)},
+            {"report_grace_s", s(t.report_grace)}, {"teardown_s", s(t.teardown)},
+            {"source", env.has("KFT_TIMEOUT") ? "KFT_TIMEOUT" : "default"}};
+  } catch (const kft::error& e) {
+    return {{"error", e.what()}};
+  }
 }
 
 nlohmann::json host_facts() {
@@ -225,6 +239,16 @@ void print_text(const kft::discovery_report& r, const nlohmann::json& host, cons
               << g["address"].get<std::string>() << " (" << g["why"].get<std::string>() << ")\n";
   if (host.contains("nccl"))
     std::cout << "nccl:         " << host["nccl"].value("version", host["nccl"].value("error", "")) << "\n";
+  const auto& to = build["timeout"];
+  if (to.contains("error")) {
+    std::cout << "timeout:      " << to["error"].get<std::string>() << "\n";
+  } else {
+    auto d = [](const nlohmann::json& v) { return kft::detail::describe_duration(std::chrono::milliseconds(static_cast<long long>(v.get<double>() * 1000))); };
+    std::cout << "timeout:      " << d(to["job_s"]) << " ("
+              << (to["source"] == "default" ? "the default; set KFT_TIMEOUT or kftrun --timeout" : "KFT_TIMEOUT")
+              << "): store requests " << d(to["store_request_s"]) << ", heartbeats " << d(to["heartbeat_s"])
+              << ", failure reports " << d(to["report_grace_s"]) << ", teardown " << d(to["teardown_s"]) << "\n";
+  }
   std::cout << "kft:          " << build["version"].get<std::string>() << " (" << build["abi_namespace"].get<std::string>() << ")\n";
 }
 
@@ -281,7 +305,8 @@ int main(int argc, char** argv) {
 #else
     host["topology"] = topology_facts(report.world, env, false, topology_mode, store_wait);
 #endif
-    const auto build = build_facts();
+    auto build = build_facts();
+    build["timeout"] = timeout_facts(env);
     if (json) {
       nlohmann::json j = report;
       j["host"] = host;

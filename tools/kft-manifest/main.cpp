@@ -8,17 +8,23 @@
 //
 // A job file (YAML) holds the same fields as the flags (their long names without dashes, e.g.
 // `nproc-per-node: 4`, `env: {K: V}`, `command: [./train, --epochs, "3"]`); flags override it.
-// Bad input is refused before anything is written, naming the option, with exit status 2.
+// Bad input is refused before anything is written, naming the option (for a job file: the file,
+// the field and its line), with exit status 2.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -33,9 +39,10 @@
 namespace {
 
 using kft::manifest::job;
+using kft::manifest::detail::shown;
 
 [[noreturn]] void bad(const std::string& option, const std::string& value, const std::string& why) {
-  throw kft::config_error(option, value, why, kft::error_site::of("kft-manifest"));
+  kft::manifest::detail::bad(option, value, why);  // echoes at most the value's first 80 bytes
 }
 
 std::pair<std::string, std::string> split_kv(const std::string& option, const std::string& s) {
@@ -44,80 +51,272 @@ std::pair<std::string, std::string> split_kv(const std::string& option, const st
   return {s.substr(0, eq), s.substr(eq + 1)};
 }
 
-kft::manifest::gang parse_gang(const std::string& s) {
+kft::manifest::gang parse_gang(const std::string& option, const std::string& s) {
   if (s.empty() || s == "none") return kft::manifest::gang::none;
   if (s == "coscheduling") return kft::manifest::gang::coscheduling;
   if (s == "volcano") return kft::manifest::gang::volcano;
-  bad("--gang", s, "is not none, coscheduling or volcano");
+  bad(option, s, "is not none, coscheduling or volcano");
+}
+
+// "line 4, column 8": yaml-cpp counts from 0, people from 1.
+std::string line_of(const YAML::Mark& m) {
+  return "line " + std::to_string(m.line + 1) + ", column " + std::to_string(m.column + 1);
+}
+
+// A list or a mapping in flow style ("[1, {a: b}]"), up to about `budget` bytes.
+void flow(const YAML::Node& n, std::string& out, std::size_t budget) {
+  if (out.size() > budget) return;
+  if (n.IsScalar()) {
+    out.append(n.Scalar(), 0, budget + 1 - out.size());
+    return;
+  }
+  if (!n.IsSequence() && !n.IsMap()) {
+    out += "~";
+    return;
+  }
+  out += n.IsSequence() ? "[" : "{";
+  bool first = true;
+  for (const auto& it : n) {
+    if (out.size() > budget) break;
+    if (!first) out += ", ";
+    first = false;
+    if (n.IsSequence()) {
+      flow(it, out, budget);
+    } else {
+      flow(it.first, out, budget);
+      out += ": ";
+      flow(it.second, out, budget);
+    }
+  }
+  out += n.IsSequence() ? "]" : "}";
+}
+
+// A node as a message shows it: a scalar's text (`shown` shortens it), a list or a mapping in
+// flow style, at most 80 bytes of it.
+std::string text_of(const YAML::Node& n) {
+  if (n.IsScalar()) return n.Scalar();
+  if (!n.IsSequence() && !n.IsMap()) return "";
+  std::string out;
+  flow(n, out, 80);
+  if (out.size() <= 80) return out;
+  std::size_t keep = 76;
+  while (keep > 0 && (static_cast<unsigned char>(out[keep]) & 0xC0) == 0x80) --keep;
+  return out.substr(0, keep) + " ...";
+}
+
+std::string kind_of(const YAML::Node& n) {
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a mapping";
+  if (n.IsNull()) return "empty (null)";
+  return "a single value";
 }
 
 // The job file: keys are the flags' long names. Unknown keys are errors (a typo must not be
-// silently dropped).
-void load_job_file(const std::string& path, job& j) {
-  YAML::Node doc;
-  try {
-    doc = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    bad("--job-file", path, "cannot be read");
-  } catch (const YAML::Exception& e) {
-    bad("--job-file", path, std::string("is not valid YAML: ") + e.what());
-  }
-  if (!doc.IsMap()) bad("--job-file", path, "must be a YAML mapping of option names to values");
-  for (const auto& item : doc) {
-    const std::string key = item.first.as<std::string>();
-    const YAML::Node& v = item.second;
-    const std::string opt = "--job-file " + path + ": " + key;
-    auto str = [&] {
-      if (!v.IsScalar()) bad(opt, "", "must be a single value");
-      return v.as<std::string>();
-    };
-    auto integer = [&]() -> long long {
-      try {
-        return v.as<long long>();
-      } catch (const YAML::Exception&) {
-        bad(opt, v.IsScalar() ? v.as<std::string>() : "", "is not an integer");
-      }
-    };
-    auto pairs = [&](auto&& put) {
-      if (!v.IsMap()) bad(opt, "", "must be a mapping of names to values");
-      for (const auto& kvp : v) put(kvp.first.as<std::string>(), kvp.second.as<std::string>());
-    };
-    if (key == "name") j.name = str();
-    else if (key == "namespace") j.ns = str();
-    else if (key == "image") j.image = str();
-    else if (key == "image-pull-policy") j.image_pull_policy = str();
-    else if (key == "nodes") j.nodes = static_cast<int>(integer());
-    else if (key == "nproc-per-node") j.nproc_per_node = static_cast<int>(integer());
-    else if (key == "gpus-per-node") j.gpus_per_node = static_cast<int>(integer());
-    else if (key == "gpu-resource") j.gpu_resource = str();
-    else if (key == "cpus") j.cpus = str();
-    else if (key == "cpu-limit") j.cpu_limit = str();
-    else if (key == "memory") j.memory = str();
-    else if (key == "env") pairs([&](const std::string& k, const std::string& val) { j.env.emplace_back(k, val); });
-    else if (key == "queue") j.queue = str();
-    else if (key == "priority-class") j.priority_class = str();
-    else if (key == "gang") j.gang_scheduling = parse_gang(str());
-    else if (key == "scheduler-name") j.scheduler_name = str();
-    else if (key == "max-restarts") j.max_restarts = static_cast<int>(integer());
-    else if (key == "active-deadline") j.active_deadline = integer();
-    else if (key == "ttl") j.ttl = static_cast<int>(integer());
-    else if (key == "ssh-mount-path") j.ssh_mount_path = str();
-    else if (key == "runtime") j.runtime = str();
-    else if (key == "label") pairs([&](const std::string& k, const std::string& val) { j.labels[k] = val; });
-    else if (key == "annotation") pairs([&](const std::string& k, const std::string& val) { j.annotations[k] = val; });
-    else if (key == "launcher") j.launcher = str();
-    else if (key == "time") j.time_limit = str();
-    else if (key == "output") j.output = str();
-    else if (key == "cpus-per-task") j.cpus_per_task = static_cast<int>(integer());
-    else if (key == "command") {
-      if (!v.IsSequence()) bad(opt, "", "must be a list: the program and its arguments");
-      j.program.clear();
-      for (const auto& a : v) j.program.push_back(a.as<std::string>());
-    } else {
-      bad("--job-file " + path, key, "is not a known field (they are the flags' long names, e.g. nproc-per-node)");
+// silently dropped), and so are keys given twice, nulls and values of the wrong YAML type: each
+// names the file, the field (`env.FOO`, `command[1]`) and its line.
+class job_file_reader {
+ public:
+  job_file_reader(const std::string& path, job& j, kft::manifest::origins& from) : path_(path), j_(j), from_(from) {}
+
+  void read() {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path_, ec)) bad_file("is a directory");
+    {
+      std::ifstream f(path_, std::ios::binary);
+      if (!f) bad_file(std::string("cannot be read: ") + std::strerror(errno));
+      std::ostringstream all;
+      all << f.rdbuf();
+      if (f.bad()) bad_file(std::string("cannot be read: ") + std::strerror(errno));
+      text_ = all.str();
+    }
+    std::vector<YAML::Node> docs;
+    try {
+      docs = YAML::LoadAll(text_);
+    } catch (const YAML::Exception& e) {
+      bad_file("is not valid YAML: " + line_of(e.mark) + ": " + e.msg);
+    }
+    // Empty documents (a stray `---`) say nothing; a second one with content would be dropped.
+    docs.erase(std::remove_if(docs.begin(), docs.end(), [](const YAML::Node& d) { return d.IsNull(); }), docs.end());
+    if (docs.empty()) bad_file("is empty: it must be a mapping of option names to values");
+    if (docs.size() > 1)
+      bad("--job-file", path_,
+          "holds " + std::to_string(docs.size()) + " YAML documents (the second at " + line_of(docs[1].Mark()) +
+              "): a job file is one mapping of option names to values");
+    const YAML::Node& doc = docs[0];
+    if (!doc.IsMap())
+      bad("--job-file", path_,
+          "must be a mapping of option names to values, not " + kind_of(doc) + " (" + line_of(doc.Mark()) + ")");
+    try {
+      fields(doc);
+    } catch (const YAML::Exception& e) {  // every conversion is checked first; this is the backstop
+      bad_file("cannot be read: " + line_of(e.mark) + ": " + e.msg);
     }
   }
-}
+
+ private:
+  // The path as typed, unless absurdly long (values from the file are cut at 80 bytes).
+  std::string file() const { return shown(path_, 1024); }
+  [[noreturn]] void bad_file(const std::string& why) const {
+    throw kft::config_error("--job-file", file(), why, kft::error_site::of("kft-manifest"));
+  }
+  // "--job-file job.yaml, line 4, column 8: env.FOO"
+  std::string place(const YAML::Mark& m, const std::string& field) const {
+    return "--job-file " + file() + ", " + line_of(m) + ": " + field;
+  }
+  std::string at(const YAML::Node& n, const std::string& field) const { return place(n.Mark(), field); }
+
+  [[noreturn]] void bad_at(const YAML::Node& n, const std::string& field, const std::string& value,
+                           const std::string& why) const {
+    bad(at(n, field), value, why);
+  }
+
+  // Where an empty list entry (a `-` and nothing) is: yaml-cpp marks it where the next token
+  // starts, so step back over blank and comment lines to the `-`. A written `~` or `null` is
+  // marked where it is.
+  YAML::Mark empty_entry(YAML::Mark m) const {
+    if (m.pos < 0 || static_cast<std::size_t>(m.pos) > text_.size()) return m;
+    const std::string_view rest = std::string_view(text_).substr(static_cast<std::size_t>(m.pos));
+    for (const char* word : {"~", "null", "Null", "NULL"})
+      if (rest.rfind(word, 0) == 0) return m;
+    const std::size_t npos = std::string::npos;
+    std::size_t eol = m.pos == 0 ? npos : text_.rfind('\n', static_cast<std::size_t>(m.pos) - 1);  // ends the line above
+    for (int line = m.line - 1; eol != npos && line >= 0; --line) {
+      const std::size_t nl = eol == 0 ? npos : text_.rfind('\n', eol - 1);
+      const std::size_t bol = nl == npos ? 0 : nl + 1;
+      const std::string_view l = std::string_view(text_).substr(bol, eol - bol);
+      const std::size_t first = l.find_first_not_of(" \t\r");
+      if (first != npos && l[first] != '#') {
+        m.line = line;
+        m.column = static_cast<int>(first);
+        m.pos = static_cast<int>(bol + first);
+        return m;
+      }
+      eol = nl;
+    }
+    return m;
+  }
+
+  // A single value (text or a number), not a list, a mapping or null. An empty value's mark is
+  // where the next token starts: `key`, the node it belongs to, says where it is instead.
+  std::string scalar(const YAML::Node& n, const std::string& field, const YAML::Node& key) const {
+    if (n.IsNull()) bad_at(key, field, "", empty_value);
+    if (!n.IsScalar()) bad_at(n, field, text_of(n), "is " + kind_of(n) + "; it must be a single value");
+    return n.Scalar();
+  }
+
+  long long integer(const YAML::Node& n, const std::string& field, const YAML::Node& key, long long lo,
+                    long long hi) const {
+    const std::string s = scalar(n, field, key);
+    long long v = 0;
+    if (!YAML::convert<long long>::decode(n, v)) bad_at(n, field, s, "is not an integer");
+    if (v < lo || v > hi)
+      bad_at(n, field, s, "is out of range (" + std::to_string(lo) + " to " + std::to_string(hi) + ")");
+    return v;
+  }
+  int integer(const YAML::Node& n, const std::string& field, const YAML::Node& key) const {
+    return static_cast<int>(integer(n, field, key, INT_MIN, INT_MAX));
+  }
+
+  // A mapping's key: a name, not a list, a mapping or null.
+  std::string key(const YAML::Node& k, const std::string& field, const std::string& what) const {
+    if (!k.IsScalar()) bad_at(k, field, text_of(k), "is " + kind_of(k) + ", not " + what);
+    return k.Scalar();
+  }
+
+  // Each key once: `seen` holds the keys so far and their lines.
+  void once(std::map<std::string, YAML::Mark>& seen, const std::string& k, const YAML::Node& key_node,
+            const YAML::Node& value, const std::string& field) const {
+    const auto [it, fresh] = seen.emplace(k, key_node.Mark());
+    if (!fresh) bad_at(key_node, field, text_of(value), "is given twice (first at " + line_of(it->second) + ")");
+  }
+
+  // env/label/annotation: a mapping of names to single values, entries remembered by name.
+  template <class Put>
+  void pairs(const YAML::Node& v, const std::string& field, const YAML::Node& field_key, const std::string& option,
+             Put put) {
+    if (!v.IsMap())
+      bad_at(v.IsNull() ? field_key : v, field, text_of(v),
+             "is " + kind_of(v) + "; it must be a mapping of names to values");
+    std::map<std::string, YAML::Mark> seen;
+    for (const auto& kv : v) {
+      const std::string k = key(kv.first, field + " key", "a name");
+      const std::string entry = field + "." + shown(k);
+      once(seen, k, kv.first, kv.second, entry);
+      put(k, scalar(kv.second, entry, kv.first));
+      from_[option + " " + k] = at(kv.first, entry);
+    }
+  }
+
+  void fields(const YAML::Node& doc) {
+    std::map<std::string, YAML::Mark> seen;
+    for (const auto& item : doc) {
+      const std::string key =
+          this->key(item.first, "key", "an option name (the flags' long names, e.g. nproc-per-node)");
+      const YAML::Node& v = item.second;
+      const std::string field = shown(key);
+      once(seen, key, item.first, v, field);
+      const YAML::Node& key_node = item.first;
+      auto str = [&] { return scalar(v, field, key_node); };
+      auto integer = [&] { return this->integer(v, field, key_node); };
+      auto integer_in = [&](long long lo, long long hi) { return this->integer(v, field, key_node, lo, hi); };
+      job& j = j_;
+      if (key == "name") j.name = str();
+      else if (key == "namespace") j.ns = str();
+      else if (key == "image") j.image = str();
+      else if (key == "image-pull-policy") j.image_pull_policy = str();
+      else if (key == "nodes") j.nodes = integer();
+      else if (key == "nproc-per-node") j.nproc_per_node = integer();
+      else if (key == "gpus-per-node") j.gpus_per_node = integer();
+      else if (key == "gpu-resource") j.gpu_resource = str();
+      else if (key == "cpus") j.cpus = str();
+      else if (key == "cpu-limit") j.cpu_limit = str();
+      else if (key == "memory") j.memory = str();
+      else if (key == "env")
+        pairs(v, field, key_node, "--env", [&](const std::string& k, const std::string& val) { j.env.emplace_back(k, val); });
+      else if (key == "queue") j.queue = str();
+      else if (key == "priority-class") j.priority_class = str();
+      else if (key == "gang") j.gang_scheduling = parse_gang(at(v, field), str());
+      else if (key == "scheduler-name") j.scheduler_name = str();
+      // the same ranges as the flags
+      else if (key == "max-restarts") j.max_restarts = static_cast<int>(integer_in(-1000000, 1000000));
+      else if (key == "active-deadline") j.active_deadline = integer_in(-1, 1LL << 40);
+      else if (key == "ttl") j.ttl = static_cast<int>(integer_in(-1000000, 1 << 30));
+      else if (key == "ssh-mount-path") j.ssh_mount_path = str();
+      else if (key == "runtime") j.runtime = str();
+      else if (key == "label")
+        pairs(v, field, key_node, "--label", [&](const std::string& k, const std::string& val) { j.labels[k] = val; });
+      else if (key == "annotation")
+        pairs(v, field, key_node, "--annotation", [&](const std::string& k, const std::string& val) { j.annotations[k] = val; });
+      else if (key == "launcher") j.launcher = str();
+      else if (key == "time") j.time_limit = str();
+      else if (key == "output") j.output = str();
+      else if (key == "cpus-per-task") j.cpus_per_task = integer();
+      else if (key == "command") {
+        if (!v.IsSequence())
+          bad_at(v.IsNull() ? key_node : v, field, text_of(v),
+                 "is " + kind_of(v) + "; it must be a list: the program and its arguments");
+        j.program.clear();
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          const std::string entry = field + "[" + std::to_string(i) + "]";
+          if (v[i].IsNull()) bad(place(empty_entry(v[i].Mark()), entry), "", empty_value);
+          j.program.push_back(scalar(v[i], entry, v[i]));
+        }
+      } else {
+        bad_at(key_node, field, text_of(v),
+               "is not a known field (they are the flags' long names, e.g. nproc-per-node)");
+      }
+      if (key != "env" && key != "label" && key != "annotation")
+        from_["--" + key] = at(v.IsNull() ? key_node : v, field);  // for validate's messages
+    }
+  }
+
+  static constexpr const char* empty_value = "is empty (null): give a value, or \"\" for an empty one";
+
+  const std::string& path_;
+  std::string text_;  // the file, for empty_entry
+  job& j_;
+  kft::manifest::origins& from_;
+};
 
 // Writes all or nothing: a temporary file next to the target, renamed into place.
 void write_out(const std::string& text, const std::string& path) {
@@ -218,10 +417,12 @@ int main(int argc, char** argv) {
 
   try {
     job j;
-    if (!job_file.empty()) load_job_file(job_file, j);
+    kft::manifest::origins from;  // the fields the job file set, named by their place in it
+    if (!job_file.empty()) job_file_reader(job_file, j, from).read();
     for (auto* opt : given) {  // flags override the job file
       if (opt->count() == 0) continue;
       const std::string n = opt->get_name();
+      from.erase(n);
       if (n == "--name") j.name = cli.name;
       else if (n == "--namespace") j.ns = cli.ns;
       else if (n == "--image") j.image = cli.image;
@@ -235,10 +436,12 @@ int main(int argc, char** argv) {
       else if (n == "--memory") j.memory = cli.memory;
       else if (n == "--env") {
         j.env.clear();
+        for (auto it = from.begin(); it != from.end();)  // the file's env is replaced, not merged
+          it = it->first.rfind("--env ", 0) == 0 ? from.erase(it) : std::next(it);
         for (const auto& e : env) j.env.push_back(split_kv("--env", e));
       } else if (n == "--queue") j.queue = cli.queue;
       else if (n == "--priority-class") j.priority_class = cli.priority_class;
-      else if (n == "--gang") j.gang_scheduling = parse_gang(gang);
+      else if (n == "--gang") j.gang_scheduling = parse_gang("--gang", gang);
       else if (n == "--scheduler-name") j.scheduler_name = cli.scheduler_name;
       else if (n == "--max-restarts") j.max_restarts = static_cast<int>(kft::detail::parse_integer("--max-restarts", max_restarts, -1000000, 1000000, ""));
       else if (n == "--active-deadline") j.active_deadline = kft::detail::parse_integer("--active-deadline", deadline, -1, 1LL << 40, "");
@@ -249,11 +452,13 @@ int main(int argc, char** argv) {
         for (const auto& l : labels) {
           auto [k, v] = split_kv("--label", l);
           j.labels[k] = v;
+          from.erase("--label " + k);
         }
       } else if (n == "--annotation") {
         for (const auto& l : annotations) {
           auto [k, v] = split_kv("--annotation", l);
           j.annotations[k] = v;
+          from.erase("--annotation " + k);
         }
       } else if (n == "--launcher") j.launcher = cli.launcher;
       else if (n == "--time") j.time_limit = cli.time_limit;
@@ -264,7 +469,7 @@ int main(int argc, char** argv) {
     using kft::manifest::target;
     std::string text;
     if (*trainjob) {
-      kft::manifest::validate(j, target::trainjob);
+      kft::manifest::validate(j, target::trainjob, from);
       // These live in the ClusterTrainingRuntime, not in a TrainJob (Trainer v2.3 has no field
       // for them): say so instead of dropping them silently.
       std::string runtime_only;
@@ -278,13 +483,13 @@ int main(int argc, char** argv) {
                   << "`: write it with `kft-manifest runtime` (the TrainJob cannot carry them)\n";
       text = manifest_tool::trainjob(j);
     } else if (*runtime) {
-      kft::manifest::validate(j, target::runtime);
+      kft::manifest::validate(j, target::runtime, from);
       text = manifest_tool::runtime(j);
     } else if (*mpijob) {
-      kft::manifest::validate(j, target::mpijob);
+      kft::manifest::validate(j, target::mpijob, from);
       text = manifest_tool::mpijob(j);
     } else {
-      kft::manifest::validate(j, target::sbatch);
+      kft::manifest::validate(j, target::sbatch, from);
       text = manifest_tool::sbatch(j);
     }
     write_out(text, out);
@@ -294,6 +499,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const kft::error& e) {
     std::cerr << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {  // not expected: still one line, never an abort
+    std::cerr << "kft: kft-manifest: " << e.what() << "\n";
     return 1;
   }
 }

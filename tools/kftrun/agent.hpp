@@ -13,11 +13,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <map>
 #include <sstream>
 
+#include <kft/core/timeout.hpp>
 #include <kft/core/token.hpp>
 #include <kft/rendezvous/tcp_store.hpp>
 
@@ -35,6 +37,7 @@ struct options {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: any free port (single node only)
   int max_restarts = 0;
+  std::chrono::milliseconds job_timeout = kft::default_job_timeout;  // --timeout: the workers' KFT_TIMEOUT
   std::chrono::milliseconds rdzv_timeout = 300s;
   std::string run_id = "none";
   std::optional<std::filesystem::path> log_dir;
@@ -113,7 +116,14 @@ class agent {
     // agents on the far side of a cut link end their part of the job as quickly as node 0 does.
     so.io_timeout = std::max<std::chrono::milliseconds>(opt_.heartbeat_timeout, 2s);
     so.name = "kftrun agent of node " + std::to_string(opt_.node_rank) + " on " + host_;
-    auto client = std::make_shared<rdzv::tcp_store>(so);
+    so.cancelled = [] { return g_signal.load() != 0; };
+    std::shared_ptr<rdzv::tcp_store> client;
+    try {
+      client = std::make_shared<rdzv::tcp_store>(so);
+    } catch (const kft::usage_error&) {
+      if (const int sig = g_signal.load()) return stopped_by(sig, "while connecting to the rendezvous store");
+      throw;
+    }
     store_ = std::make_shared<rdzv::prefix_store>(client, "kftrun/" + opt_.run_id + "/");
 
     for (int attempt = 0;; ++attempt) {
@@ -122,6 +132,7 @@ class agent {
         finish_round(attempt, -1);
         return 0;
       }
+      if (outcome.interrupted) return stopped_by(g_signal.load(), outcome.message);
       const bool agent_signalled = g_signal.load() != 0;
       if (!agent_signalled && attempt < opt_.max_restarts && !outcome.fatal) {
         log("restarting all workers (restart " + std::to_string(attempt + 1) + " of " + std::to_string(opt_.max_restarts) +
@@ -137,11 +148,34 @@ class agent {
  private:
   struct round_outcome {
     bool success = false;
+    bool interrupted = false;  // a signal ended the rendezvous (message: during what)
     bool fatal = false;  // no restart possible (e.g. the store is gone)
     int code = 1;
     int dead_node = -1;  // an agent that stopped heartbeating
     std::string message;
   };
+
+  // SIGINT/SIGTERM/SIGHUP before any worker started: one line, 128 + the signal.
+  int stopped_by(int sig, const std::string& during) const {
+    log(std::string("received SIG") + ::sigabbrev_np(sig) + " " + during + ": stopped before starting any worker");
+    return 128 + sig;
+  }
+
+  // Waits for `keys` in slices, so a signal ends the wait at once.
+  enum class waited { ok, timed_out, signalled };
+  waited wait_or_signal(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+    const auto until = clock::now() + timeout;
+    while (true) {
+      if (g_signal.load() != 0) return waited::signalled;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
+      try {
+        store_->wait(keys, std::clamp<std::chrono::milliseconds>(left, 0ms, 200ms));
+        return waited::ok;
+      } catch (const kft::timeout_error&) {
+        if (left <= 200ms) return g_signal.load() != 0 ? waited::signalled : waited::timed_out;
+      }
+    }
+  }
 
   void log(const std::string& line) const {
     std::fprintf(stderr, "kftrun[node %d]: %s\n", opt_.node_rank, line.c_str());
@@ -169,9 +203,13 @@ class agent {
       store_->set(key(attempt, "node/" + std::to_string(opt_.node_rank)), std::to_string(opt_.nproc_per_node) + " " + host_);
       std::vector<std::string> keys;
       for (int n = 0; n < opt_.nnodes; ++n) keys.push_back(key(attempt, "node/" + std::to_string(n)));
-      try {
-        store_->wait(keys, opt_.rdzv_timeout);
-      } catch (const kft::timeout_error&) {
+      const auto w = wait_or_signal(keys, opt_.rdzv_timeout);
+      if (w == waited::signalled) {
+        out.interrupted = true;
+        out.message = "while waiting for the other nodes (" + missing_nodes(attempt) + ")";
+        return out;
+      }
+      if (w == waited::timed_out) {
         out.fatal = true;
         out.message = "rendezvous timed out after " + kft::detail::describe_duration(opt_.rdzv_timeout) + ": " +
                       missing_nodes(attempt) + " (run id \"" + opt_.run_id + "\", store " + opt_.master_addr + ":" +
@@ -183,6 +221,12 @@ class agent {
         in >> nprocs[static_cast<std::size_t>(n)] >> hosts[static_cast<std::size_t>(n)];
       }
       if (opt_.node_rank == 0) store_->set(key(attempt, "worker_port"), std::to_string(free_port(opt_.master_addr)));
+      const auto wp = wait_or_signal({key(attempt, "worker_port")}, opt_.rdzv_timeout);
+      if (wp == waited::signalled) {
+        out.interrupted = true;
+        out.message = "while waiting for node 0's port for the workers";
+        return out;
+      }
       worker_port = std::stoi(store_->get(key(attempt, "worker_port"), opt_.rdzv_timeout));
     } catch (const kft::error& e) {
       out.fatal = true;
@@ -228,13 +272,13 @@ class agent {
                                                {"code", std::to_string(128 + sig)},
                                                {"final", "1"},  // a stopped job is not restarted
                                                {"agent", std::string("received SIG") + ::sigabbrev_np(sig)}}));
-        group.kill_all(opt_.term_grace);
+        stop_workers(group);
         out.message = std::string("received SIG") + ::sigabbrev_np(sig) + ": stopped the local workers";
         return out;
       }
       try {
         if (auto f = store_->try_get(key(attempt, "failure"))) {
-          group.kill_all(opt_.term_grace);
+          stop_workers(group);
           const auto rec = failure::parse(*f);
           out.code = rec.code();
           if (rec.get("agent").find("heartbeat") != std::string::npos) out.dead_node = std::stoi(rec.get("node"));
@@ -247,6 +291,7 @@ class agent {
           reported_done = true;
         }
         if (reported_done && all_done(attempt)) {
+          stop_workers(group);  // whatever they left running (daemons) does not outlive the job
           out.success = true;
           return out;
         }
@@ -272,12 +317,20 @@ class agent {
           }
         }
       } catch (const kft::error& e) {
-        group.kill_all(opt_.term_grace);
+        stop_workers(group);
         out.fatal = true;
         out.message = std::string(e.what()) + " (the node-0 agent, which hosts the store, has probably died)";
         return out;
       }
     }
+  }
+
+  void stop_workers(worker_group& group) const {
+    const int before = group.strays_ended();
+    group.kill_all(opt_.term_grace);
+    if (const int n = group.strays_ended() - before; n > 0)
+      log("ended " + std::to_string(n) + " process" + (n == 1 ? "" : "es") +
+          " the workers left running (started with setsid(), outside the workers' process groups)");
   }
 
   bool all_done(int attempt) {
@@ -365,6 +418,8 @@ class agent {
     set("KFT_STORE_PORT", std::to_string(opt_.master_port));
     set("KFT_STORE_PREFIX", "kftrun/" + opt_.run_id + "/r" + std::to_string(attempt) + "/user/");
     set("KFT_RDZV_TOKEN", opt_.token);
+    const auto ms = opt_.job_timeout.count();
+    set("KFT_TIMEOUT", ms % 1000 == 0 ? std::to_string(ms / 1000) + "s" : std::to_string(ms) + "ms");
     std::vector<std::string> out;
     for (const auto& [k, v] : env) out.push_back(k + "=" + v);
     return out;

@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include <kft/core/parse.hpp>
+#include <kft/core/timeout.hpp>
 #include <kft/kft.hpp>
 #if KFT_WITH_CUDA
 #include <kft/topology/cuda.hpp>
@@ -92,7 +93,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("kftrun (kft ") + KFT_VERSION_STRING + ")");
   kftrun::options o;
   std::string nproc = "1";
-  double rdzv_timeout = 300, monitor = 0.1, heartbeat = 5, grace = 5;
+  double monitor = 0.1, grace = 5;
+  std::optional<double> rdzv_timeout, heartbeat;
+  std::string timeout_text;
   bool standalone = false;
   std::optional<int> port;
   std::string log_dir;
@@ -113,8 +116,12 @@ int main(int argc, char** argv) {
       ->envname("PET_MASTER_PORT")->check(CLI::Range(1, 65535));
   app.add_option("--max-restarts,--max_restarts", o.max_restarts, "restart every worker group this many times at most")
       ->envname("PET_MAX_RESTARTS")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--rdzv-timeout,--rdzv_timeout", rdzv_timeout, "seconds to wait for every node to join")
-      ->envname("PET_RDZV_TIMEOUT")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--timeout", timeout_text,
+                 "the job's one timeout (seconds, or 90s, 2m, 1500ms): every wait's default derives from it "
+                 "(docs/reliability.md); passed to the workers as KFT_TIMEOUT [default: 300]")
+      ->envname("KFT_TIMEOUT");
+  app.add_option("--rdzv-timeout,--rdzv_timeout", rdzv_timeout, "seconds to wait for every node to join [default: --timeout]")
+      ->envname("PET_RDZV_TIMEOUT")->check(CLI::PositiveNumber);
   app.add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", o.run_id, "job id shared by all agents")
       ->envname("PET_RUN_ID")->capture_default_str();
   app.add_option("--log-dir,--log_dir", log_dir, "write each rank's stdout/stderr under this directory")
@@ -122,8 +129,9 @@ int main(int argc, char** argv) {
   app.add_flag("--tee", o.tee, "with --log-dir, also relay output to the console")->envname("PET_TEE");
   app.add_option("--monitor-interval,--monitor_interval", monitor, "seconds between checks of the workers")
       ->envname("PET_MONITOR_INTERVAL")->check(CLI::Range(0.01, 60.0))->capture_default_str();
-  app.add_option("--heartbeat-timeout", heartbeat, "seconds without a heartbeat before an agent counts as dead")
-      ->envname("KFT_HEARTBEAT_TIMEOUT")->check(CLI::Range(0.5, 3600.0))->capture_default_str();
+  app.add_option("--heartbeat-timeout", heartbeat,
+                 "seconds without a heartbeat before an agent counts as dead [default: --timeout / 60, 2 to 30 s]")
+      ->envname("KFT_HEARTBEAT_TIMEOUT")->check(CLI::Range(0.5, 3600.0));
   app.add_option("--term-grace", grace, "seconds between SIGTERM and SIGKILL when stopping workers")
       ->envname("KFT_TERM_GRACE")->check(CLI::Range(0.0, 3600.0))->capture_default_str();
   app.add_flag("--standalone", standalone, "single node, any free port (the default when --nnodes is 1)");
@@ -143,9 +151,12 @@ int main(int argc, char** argv) {
     if (standalone && o.nnodes != 1)
       throw kft::config_error("--standalone", "", "means a single node, but --nnodes=" + std::to_string(o.nnodes));
     o.master_port = port ? *port : (o.nnodes == 1 ? 0 : 29500);
-    o.rdzv_timeout = std::chrono::milliseconds(static_cast<long long>(rdzv_timeout * 1000));
+    const auto derived = kft::derived_timeouts::from(
+        timeout_text.empty() ? kft::default_job_timeout : kft::detail::parse_duration("--timeout", timeout_text));
+    o.job_timeout = derived.job;
+    o.rdzv_timeout = rdzv_timeout ? std::chrono::milliseconds(static_cast<long long>(*rdzv_timeout * 1000)) : derived.job;
     o.monitor_interval = std::chrono::milliseconds(static_cast<long long>(monitor * 1000));
-    o.heartbeat_timeout = std::chrono::milliseconds(static_cast<long long>(heartbeat * 1000));
+    o.heartbeat_timeout = heartbeat ? std::chrono::milliseconds(static_cast<long long>(*heartbeat * 1000)) : derived.heartbeat;
     o.term_grace = std::chrono::milliseconds(static_cast<long long>(grace * 1000));
     if (!log_dir.empty()) o.log_dir = log_dir;
     o.cpusets = plan_bindings(bind, o.nproc_per_node);

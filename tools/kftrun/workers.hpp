@@ -21,8 +21,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -208,12 +210,17 @@ class worker_group {
   /// SIGTERM (and SIGCONT) to every live worker's process group, SIGKILL after `grace`; reaps everyone and
   /// drains their output. Leaves an empty group.
   void kill_all(std::chrono::milliseconds grace) {
+    // A stopped worker (SIGSTOP, a debugger's stop) could not act on SIGTERM before the grace
+    // ran out: it is killed at once.
+    for (auto& w : workers_)
+      if (!w.exited && is_stopped(w.pid)) ::kill(-w.pid, SIGKILL);
     signal_all(SIGTERM);
-    signal_all(SIGCONT);  // a stopped worker (SIGSTOP, a debugger's) gets its SIGTERM now, not at SIGKILL
+    signal_all(SIGCONT);  // the rest of a stopped process group gets its SIGTERM now
     const auto deadline = clock::now() + grace;
     while (!all_exited() && clock::now() < deadline) poll_once(std::chrono::milliseconds(20));
     if (!all_exited()) signal_all(SIGKILL);
     while (!all_exited()) poll_once(std::chrono::milliseconds(20));
+    end_strays(deadline);
     for (auto& w : workers_) {
       finish_output(w);
       for (int* fd : {&w.out_fd, &w.err_fd})
@@ -224,6 +231,10 @@ class worker_group {
     }
     workers_.clear();
   }
+
+  /// Processes the workers left behind (daemons that left the workers' process groups with
+  /// setsid() and were handed to kftrun, the child subreaper) that were ended, so far.
+  int strays_ended() const noexcept { return strays_ended_; }
 
   /// Sends `sig` to every live worker's process group.
   void signal_all(int sig) {
@@ -245,6 +256,65 @@ class worker_group {
     exit_info result;
     std::string start_error;
   };
+
+  // State letter of /proc/<pid>/stat: T (stopped) or t (stopped by a tracer).
+  static bool is_stopped(pid_t pid) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string text;
+    std::getline(f, text);
+    const auto close = text.rfind(')');
+    return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'T' || text[close + 2] == 't');
+  }
+
+  // kftrun's children that are not workers: whatever the workers started and left behind
+  // (as subreaper, kftrun inherits them when their parents exit).
+  static std::vector<pid_t> adopted_children() {
+    std::vector<pid_t> found;
+    const pid_t self = ::getpid();
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+      const auto name = entry.path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream f(entry.path() / "stat");
+      std::string text;
+      if (!std::getline(f, text)) continue;
+      const auto close = text.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(text.substr(close + 1));
+      char state = 0;
+      pid_t ppid = 0;
+      rest >> state >> ppid;
+      if (ppid == self && state != 'Z') found.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+    return found;
+  }
+
+  // Ends the strays: SIGTERM (and SIGCONT) to each and its process group, SIGKILL when
+  // `deadline` has passed, until none is left (a daemon may still be double-forking).
+  void end_strays(clock::time_point deadline) {
+    std::vector<pid_t> seen;
+    for (int round = 0; round < 10000; ++round) {
+      const auto strays = adopted_children();
+      if (strays.empty()) {
+        reap();
+        if (adopted_children().empty()) break;
+        continue;
+      }
+      const bool hard = clock::now() >= deadline;
+      for (pid_t pid : strays) {
+        if (std::find(seen.begin(), seen.end(), pid) == seen.end()) {
+          seen.push_back(pid);
+          ++strays_ended_;
+        }
+        const int sig = hard ? SIGKILL : SIGTERM;
+        ::kill(pid, sig);
+        ::kill(-pid, sig);  // a setsid() daemon leads its own group: whatever it started too
+        if (!hard) ::kill(pid, SIGCONT);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      reap();
+    }
+  }
 
   void pump(std::chrono::milliseconds wait) {
     std::vector<pollfd> fds;
@@ -297,11 +367,27 @@ class worker_group {
     st.partial.append(data);
     FILE* sink = is_err ? stderr : stdout;
     const std::string prefix = "[" + std::to_string(w.rank) + "]: ";
-    std::size_t start = 0, nl;
-    while ((nl = st.partial.find('\n', start)) != std::string::npos) {
-      const std::string line = prefix + st.partial.substr(start, nl - start + 1);
-      std::fwrite(line.data(), 1, line.size(), sink);
-      start = nl + 1;
+    // A line ends at '\n', or at '\r' (progress bars redraw one line: each redraw is relayed
+    // with the prefix), or after max_line bytes without either: kftrun holds at most one
+    // piece per stream, however the worker writes.
+    // Written piece by piece into stdio's buffer (no string per line); flushed once below.
+    auto put = [&](std::string_view piece, bool newline) {
+      std::fwrite(prefix.data(), 1, prefix.size(), sink);
+      std::fwrite(piece.data(), 1, piece.size(), sink);
+      if (newline) std::fputc('\n', sink);
+    };
+    const std::string_view all(st.partial);
+    std::size_t start = 0;
+    while (start < all.size()) {
+      const auto end = all.find_first_of("\r\n", start);
+      if (end == std::string_view::npos) {
+        if (all.size() - start < max_line) break;
+        put(all.substr(start, max_line), true);
+        start += max_line;
+        continue;
+      }
+      put(all.substr(start, end - start + 1), false);
+      start = end + 1;
     }
     st.partial.erase(0, start);
     if (eof && !st.partial.empty()) {
@@ -343,8 +429,11 @@ class worker_group {
     return done;
   }
 
+  static constexpr std::size_t max_line = 64 * 1024;
+
   std::vector<std::string> argv_;
   std::string program_;
+  int strays_ended_ = 0;
   output_options out_;
   std::vector<worker> workers_;
 };

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include <kft/async/work.hpp>
+#include <kft/core/timeout.hpp>
 
 KFT_NAMESPACE_BEGIN
 namespace async {
@@ -44,7 +45,7 @@ namespace async {
 struct operation {
   collective op = collective::none;
   std::uint64_t seq = 0;
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds timeout{job_timeout()};
   std::string name;  ///< optional, e.g. "allreduce (f32 x 1048576)"
 };
 
@@ -166,6 +167,11 @@ class engine {
 
   // A work state no handle holds any more (reset for reuse), or a new one. Under mu_.
   std::shared_ptr<work_state> recycled() {
+#if defined(__SANITIZE_THREAD__)
+    // ThreadSanitizer does not model the acquire fence below (GCC warns, -Wtsan), and would
+    // report the reuse as a race: under it every call gets a fresh state instead.
+    return std::make_shared<work_state>();
+#endif
     for (std::size_t n = 0; n < states_.size(); ++n) {
       auto& s = states_[cursor_];
       cursor_ = (cursor_ + 1) % states_.size();

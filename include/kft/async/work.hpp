@@ -37,6 +37,7 @@
 #include <kft/core/backoff.hpp>
 #include <kft/core/collective.hpp>
 #include <kft/core/error.hpp>
+#include <kft/core/timeout.hpp>
 
 KFT_NAMESPACE_BEGIN
 namespace async {
@@ -47,7 +48,7 @@ using clock = std::chrono::steady_clock;
 struct work_state {
   collective op = collective::none;
   std::uint64_t seq = 0;
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  ///< the operation's own deadline
+  std::chrono::milliseconds timeout{job_timeout()};  ///< the operation's own deadline
   std::string name;  ///< for messages, e.g. "allreduce (f32 x 1048576)"; empty = name(op)
 
   /// Drives completion from the waiting thread: returns true once the operation is done and

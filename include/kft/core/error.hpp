@@ -12,11 +12,14 @@
 /// so a log line alone says which layer to look at (see docs/errors.md).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <kft/core/namespace.hpp>
@@ -109,6 +112,36 @@ inline std::string describe_duration(std::chrono::milliseconds d) {
   if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
   return std::to_string(ms / 1000) + "." + std::to_string(ms % 1000 / 100) + " s";
 }
+
+/// @brief Untrusted or user text made safe to print on one line: control bytes (newline,
+/// carriage return, escape sequences) become `\n`, `\r`, `\xNN`, and text longer than `max`
+/// bytes is cut, saying how long it was. A forged log line or a 10 MB value in a message
+/// cannot get through.
+inline std::string excerpt(std::string_view text, std::size_t max = 200) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  std::size_t n = std::min(text.size(), max);
+  while (n < text.size() && n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;  // not half a UTF-8 character
+  out.reserve(n + 32);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (text.size() > max) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
 }  // namespace detail
 
 /// @brief The caller used the API wrongly (bad argument, wrong state).
@@ -136,7 +169,7 @@ class config_error : public error {
   static std::string describe(const std::string& var, const std::string& val,
                               const std::string& detail) {
     if (var.empty()) return detail;
-    return var + "=\"" + val + "\" " + detail;
+    return var + "=\"" + detail::excerpt(val) + "\" " + detail;
   }
   std::string variable_;
   std::string value_;

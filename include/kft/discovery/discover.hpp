@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include <kft/core/timeout.hpp>
 #include <kft/discovery/backend.hpp>
 #include <kft/discovery/kubeflow.hpp>
 #include <kft/discovery/kubernetes.hpp>
@@ -83,25 +84,25 @@ inline std::string describe(const world_info& w) {
   return "rank " + std::to_string(w.rank) + " of " + std::to_string(w.world_size);
 }
 
-// Fill the decider's unknown fields from `other` when both agree on who this process is.
+// Fill the decider's unknown fields from `other` when both agree on who this process is: each
+// pair (local rank and size, node rank and count) only when `other` agrees with every part the
+// decider knows and the completed pair is consistent (rank < size). A launcher that says
+// LOCAL_RANK=1 alone is not completed by a pod's "local rank 0 of 1".
 inline void fill_gaps(world_info& w, const world_info& other) {
   bool filled = false;
-  auto take = [&](std::optional<int>& mine, const std::optional<int>& theirs) {
-    if (!mine && theirs) {
-      mine = theirs;
-      filled = true;
-    }
+  auto agree = [](const std::optional<int>& a, const std::optional<int>& b) { return !a || !b || *a == *b; };
+  auto fill_pair = [&](std::optional<int>& rank, std::optional<int>& size, const std::optional<int>& their_rank,
+                       const std::optional<int>& their_size) {
+    if (!agree(rank, their_rank) || !agree(size, their_size)) return;
+    const auto r = rank ? rank : their_rank;
+    const auto n = size ? size : their_size;
+    if (r && n && *r >= *n) return;
+    if (r != rank || n != size) filled = true;
+    rank = r;
+    size = n;
   };
-  const bool local_fits = !w.local_size || !other.local_size || *w.local_size == *other.local_size;
-  const bool nodes_fit = !w.node_count || !other.node_count || *w.node_count == *other.node_count;
-  if (local_fits) {
-    take(w.local_rank, other.local_rank);
-    take(w.local_size, other.local_size);
-  }
-  if (nodes_fit) {
-    take(w.node_rank, other.node_rank);
-    take(w.node_count, other.node_count);
-  }
+  fill_pair(w.local_rank, w.local_size, other.local_rank, other.local_size);
+  fill_pair(w.node_rank, w.node_count, other.node_rank, other.node_count);
   if (!w.node_name && other.node_name) w.node_name = other.node_name;
   if (filled) w.notes.push_back("local/node view completed from " + other.backend + " (" + other.source + ")");
 }
@@ -171,9 +172,11 @@ inline discovery_report discover_report(const environment& env = environment::pr
 }
 
 /// @brief This process's place in the job, from the environment.
-/// @throws config_error naming the variable and value when the environment is malformed.
+/// @throws config_error naming the variable and value when the environment is malformed
+/// (KFT_TIMEOUT included: every program meets it here, before any default deadline is used).
 template <class P = default_precedence>
 world_info discover(const environment& env = environment::process(), P p = {}) {
+  if (auto t = env.get("KFT_TIMEOUT"); t && !t->empty()) (void)detail::parse_duration("KFT_TIMEOUT", *t);
   return discover_report(env, p).world;
 }
 

@@ -2,6 +2,7 @@
 /// @brief Slurm job-step environment (`srun`).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <optional>
@@ -66,6 +67,8 @@ struct slurm_env {
     if (w.node_rank && w.node_count)
       detail::require_below("SLURM_NODEID", *w.node_rank, count_var.empty() ? list_var : count_var,
                             *w.node_count, ctx);
+    else if (w.node_rank)  // no node count: still, every node of a step runs at least one task
+      detail::require_below("SLURM_NODEID", *w.node_rank, size_var, w.world_size, ctx);
     if (w.node_rank && static_cast<std::size_t>(*w.node_rank) < nodes.size())
       w.node_name = nodes[static_cast<std::size_t>(*w.node_rank)];
     // The rendezvous: MASTER_ADDR/MASTER_PORT when the batch script exports them (as PyTorch's
@@ -96,6 +99,11 @@ struct slurm_env {
         throw config_error(std::string(tpn_var), *env.get(tpn_var),
                            "adds up to " + std::to_string(total) + " tasks, but " + std::string(size_var) +
                                "=" + std::to_string(w.world_size) + kft::detail::context_suffix(ctx));
+      if (const auto idle = std::find(tasks.begin(), tasks.end(), 0); idle != tasks.end())
+        throw config_error(std::string(tpn_var), *env.get(tpn_var),
+                           "gives node " + std::to_string(idle - tasks.begin()) +
+                               " no task, but a step runs at least one task on each of its nodes" +
+                               kft::detail::context_suffix(ctx));
       if (w.node_count && static_cast<int>(tasks.size()) != *w.node_count)
         throw config_error(std::string(tpn_var), *env.get(tpn_var),
                            "lists " + std::to_string(tasks.size()) + " node(s), but the step has " +
@@ -106,6 +114,8 @@ struct slurm_env {
     w.local_rank = env_int(env, "SLURM_LOCALID", 0, detail::max_ranks, ctx);
     if (w.local_rank && w.local_size)
       detail::require_below("SLURM_LOCALID", *w.local_rank, tpn_var, *w.local_size, ctx);
+    else if (w.local_rank)
+      detail::require_below("SLURM_LOCALID", *w.local_rank, size_var, w.world_size, ctx);
     return w;
   }
 };

@@ -18,6 +18,10 @@ namespace slurm {
 /// Host lists longer than this are refused rather than expanded (a typo such as
 /// `n[0-999999999]` must not exhaust memory).
 inline constexpr std::size_t max_hostlist_entries = 1u << 20;
+/// The expanded names' characters together: without it a long prefix before a big range
+/// (`<1000 characters>[0-1048575]`) stays under the entry cap and still asks for gigabytes.
+/// 64 MiB is a million names of 64 characters.
+inline constexpr std::size_t max_hostlist_bytes = 64u << 20;
 
 namespace detail {
 
@@ -54,19 +58,27 @@ inline std::vector<std::string> expand_ranges(std::string_view var, std::string_
   return out;
 }
 
-// One host expression without top-level commas, e.g. "rack[1-2]-n[01-02]".
+// One host expression without top-level commas, e.g. "rack[1-2]-n[01-02]". `out_bytes` is
+// the characters already in `out`; sizes are checked before anything is built.
 inline void expand_one(std::string_view var, std::string_view whole, std::string_view expr,
-                       std::vector<std::string>& out) {
+                       std::vector<std::string>& out, std::size_t& out_bytes) {
   auto bad = [&](const std::string& why) {
     return config_error(std::string(var), std::string(whole), "is not a Slurm host list: " + why);
   };
+  auto too_long = [&] {
+    return bad("its names add up to more than " + std::to_string(max_hostlist_bytes >> 20) + " MiB");
+  };
   std::vector<std::string> partial{""};
+  std::size_t partial_bytes = 0;  // characters in `partial`
   std::size_t i = 0;
   while (i < expr.size()) {
     auto open = expr.find('[', i);
     auto text = expr.substr(i, open == std::string_view::npos ? std::string_view::npos : open - i);
     if (text.find(']') != std::string_view::npos) throw bad("unmatched ']'");
+    // Every count here is at most max_hostlist_entries (2^20) times an input length: no overflow.
+    if (out_bytes + partial_bytes + partial.size() * text.size() > max_hostlist_bytes) throw too_long();
     for (auto& p : partial) p += text;
+    partial_bytes += partial.size() * text.size();
     if (open == std::string_view::npos) break;
     auto close = expr.find(']', open);
     if (close == std::string_view::npos) throw bad("unmatched '['");
@@ -75,14 +87,24 @@ inline void expand_one(std::string_view var, std::string_view whole, std::string
     auto values = expand_ranges(var, whole, ranges);
     if (partial.size() * values.size() + out.size() > max_hostlist_entries)
       throw bad("more than " + std::to_string(max_hostlist_entries) + " hosts");
+    std::size_t value_bytes = 0;
+    for (const auto& v : values) value_bytes += v.size();
+    // Each partial name is repeated once per value, and each value once per partial name.
+    const std::size_t next_bytes = partial_bytes * values.size() + value_bytes * partial.size();
+    if (out_bytes + next_bytes > max_hostlist_bytes) throw too_long();
     std::vector<std::string> next;
     next.reserve(partial.size() * values.size());
     for (const auto& p : partial)
       for (const auto& v : values) next.push_back(p + v);
     partial = std::move(next);
+    partial_bytes = next_bytes;
     i = close + 1;
   }
+  // Checked here too: a name without brackets adds an entry that no range counted.
+  if (out.size() + partial.size() > max_hostlist_entries)
+    throw bad("more than " + std::to_string(max_hostlist_entries) + " hosts");
   for (auto& p : partial) out.push_back(std::move(p));
+  out_bytes += partial_bytes;
 }
 
 }  // namespace detail
@@ -92,13 +114,15 @@ inline void expand_one(std::string_view var, std::string_view whole, std::string
 /// `node[01-03,07],gpu-a[1-2]` gives node01 node02 node03 node07 gpu-a1 gpu-a2. Several
 /// brackets in one name expand as a product (`r[1-2]n[1-2]` = r1n1 r1n2 r2n1 r2n2).
 /// @param var the variable's name, used in the error message
-/// @throws config_error naming `var` and the list when it does not parse
+/// @throws config_error naming `var` and the list when it does not parse, or when it expands to
+///   more than max_hostlist_entries names or max_hostlist_bytes characters
 inline std::vector<std::string> expand_hostlist(std::string_view list, std::string_view var = "SLURM_STEP_NODELIST") {
   auto bad = [&](const std::string& why) {
     return config_error(std::string(var), std::string(list), "is not a Slurm host list: " + why);
   };
   if (list.empty()) throw bad("it is empty");
   std::vector<std::string> out;
+  std::size_t out_bytes = 0;
   std::size_t start = 0;
   int depth = 0;
   for (std::size_t i = 0; i <= list.size(); ++i) {
@@ -109,7 +133,7 @@ inline std::vector<std::string> expand_hostlist(std::string_view list, std::stri
     if (c == ',' && depth == 0) {
       auto expr = list.substr(start, i - start);
       if (expr.empty()) throw bad("empty host name");
-      detail::expand_one(var, list, expr, out);
+      detail::expand_one(var, list, expr, out, out_bytes);
       start = i + 1;
     }
   }

@@ -6,7 +6,7 @@
 /// silently ignore): names that are DNS-1035 labels and leave room for the pod names the
 /// controllers derive, Kubernetes quantities, env names the Trainer webhook reserves. A bad
 /// value is a `config_error` naming the option (`--name`, `--memory`, ...), before anything is
-/// written.
+/// written. Fields read from a job file are named by where they are in it instead (`origins`).
 #pragma once
 
 #include <algorithm>
@@ -85,18 +85,29 @@ inline bool label_value(const std::string& v) {
 }
 
 // The API server's resource.Quantity syntax (the CRDs' pattern for int-or-string quantities).
+// Long inputs are refused before the regex: std::regex recurses once per character.
 inline bool quantity(const std::string& q) {
+  if (q.empty() || q.size() > 128) return false;
   static const std::regex re("^(\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))))?$");
   return std::regex_match(q, re) && q[0] != '-';
 }
 
+// [-._a-zA-Z][-._a-zA-Z0-9]* (a loop, not a regex: names can be long).
 inline bool env_name(const std::string& n) {
-  static const std::regex re("^[-._a-zA-Z][-._a-zA-Z0-9]*$");
-  return std::regex_match(n, re);
+  auto ok = [](char c, bool first) {
+    return c == '-' || c == '.' || c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (!first && c >= '0' && c <= '9');
+  };
+  if (n.empty() || !ok(n[0], true)) return false;
+  return std::all_of(n.begin() + 1, n.end(), [&](char c) { return ok(c, false); });
 }
 
+/// A user's value as a message echoes it: whole up to `keep` bytes, else cut, with its size,
+/// control bytes escaped (kft::detail::excerpt), so that a 10 MB value makes a one-line message.
+inline std::string shown(const std::string& v, std::size_t keep = 80) { return kft::detail::excerpt(v, keep); }
+
 [[noreturn]] inline void bad(const std::string& option, const std::string& value, const std::string& why) {
-  throw config_error(option, value, why, error_site::of("kft-manifest"));
+  throw config_error(option, shown(value), why, error_site::of("kft-manifest"));
 }
 
 }  // namespace detail
@@ -105,9 +116,36 @@ inline bool env_name(const std::string& n) {
 /// Kubernetes, not for Slurm).
 enum class target { trainjob, runtime, mpijob, sbatch };
 
-/// @brief Checks `j` for `t`. @throws config_error naming the option and the value at fault
-inline void validate(const job& j, target t) {
-  using detail::bad;
+/// @brief Where fields came from when not from flags, for the messages: an option (`--name`), or an
+/// option and an entry's key (`--env FOO`, `--label team`), mapped to what to name instead, e.g.
+/// `--job-file job.yaml, line 3, column 7: name`.
+using origins = std::map<std::string, std::string>;
+
+namespace detail {
+
+// validate's errors: named after the option, or after the place the value came from.
+struct reporter {
+  const origins& from;
+
+  [[noreturn]] void operator()(const std::string& option, const std::string& value, const std::string& why) const {
+    const auto it = from.find(option);
+    bad(it == from.end() ? option : it->second, value, why);
+  }
+  // One --env/--label/--annotation entry: KEY=VALUE after the option, VALUE after its place.
+  [[noreturn]] void entry(const std::string& option, const std::string& key, const std::string& value,
+                          const std::string& why) const {
+    const auto it = from.find(option + " " + key);
+    if (it == from.end()) bad(option, key + "=" + value, why);
+    bad(it->second, value, why);
+  }
+};
+
+}  // namespace detail
+
+/// @brief Checks `j` for `t`. @throws config_error naming the option (or, for the fields in
+/// `from`, the place in the job file) and the value at fault
+inline void validate(const job& j, target t, const origins& from = {}) {
+  const detail::reporter bad{from};
   const bool k8s = t != target::sbatch;
   if (j.name.empty() && t != target::runtime) bad("--name", j.name, "is required");
   if (k8s && t != target::runtime && !detail::dns1035(j.name))
@@ -155,20 +193,21 @@ inline void validate(const job& j, target t) {
     bad("--memory", j.memory, "is not a Kubernetes quantity (e.g. 16Gi, 512Mi)");
   std::vector<std::string> seen;
   for (const auto& [k, v] : j.env) {
-    if (!detail::env_name(k)) bad("--env", k + "=" + v, "has an invalid variable name");
-    if (std::find(seen.begin(), seen.end(), k) != seen.end()) bad("--env", k + "=" + v, "sets " + k + " twice");
+    if (!detail::env_name(k)) bad.entry("--env", k, v, "has an invalid variable name");
+    if (std::find(seen.begin(), seen.end(), k) != seen.end())
+      bad.entry("--env", k, v, "sets " + detail::shown(k) + " twice");
     seen.push_back(k);
     if (k8s && (k.rfind("PET_", 0) == 0 || k.rfind("OMPI_MCA_", 0) == 0))
-      bad("--env", k + "=" + v,
-          "is reserved: the Trainer webhook rejects PET_* and OMPI_MCA_* in trainer.env (the controller sets them)");
-    if (k == "KFT_RDZV_TOKEN") bad("--env", k + "=...", "is set from the job's Secret; do not pass it in clear");
+      bad.entry("--env", k, v,
+                "is reserved: the Trainer webhook rejects PET_* and OMPI_MCA_* in trainer.env (the controller sets them)");
+    if (k == "KFT_RDZV_TOKEN") bad.entry("--env", k, "...", "is set from the job's Secret; do not pass it in clear");
   }
   for (const auto& [k, v] : j.labels) {
-    if (!detail::qualified_name(k)) bad("--label", k + "=" + v, "has an invalid label key");
-    if (!detail::label_value(v)) bad("--label", k + "=" + v, "has an invalid label value (at most 63 of [A-Za-z0-9._-])");
+    if (!detail::qualified_name(k)) bad.entry("--label", k, v, "has an invalid label key");
+    if (!detail::label_value(v)) bad.entry("--label", k, v, "has an invalid label value (at most 63 of [A-Za-z0-9._-])");
   }
   for (const auto& [k, v] : j.annotations)
-    if (!detail::qualified_name(k)) bad("--annotation", k + "=" + v, "has an invalid annotation key");
+    if (!detail::qualified_name(k)) bad.entry("--annotation", k, v, "has an invalid annotation key");
   if (!j.queue.empty() && !detail::label_value(j.queue)) bad("--queue", j.queue, "is not a valid label value");
   if (!j.priority_class.empty() && !detail::dns1123_subdomain(j.priority_class))
     bad("--priority-class", j.priority_class, "is not a valid object name");
@@ -183,12 +222,12 @@ inline void validate(const job& j, target t) {
   if (t == target::sbatch) {
     if (j.launcher != "srun" && j.launcher != "mpirun") bad("--launcher", j.launcher, "is not srun or mpirun");
     static const std::regex slurm_time("^([0-9]+-)?[0-9]+(:[0-9]{1,2}){0,2}$");
-    if (!j.time_limit.empty() && !std::regex_match(j.time_limit, slurm_time))
+    if (!j.time_limit.empty() && (j.time_limit.size() > 32 || !std::regex_match(j.time_limit, slurm_time)))
       bad("--time", j.time_limit, "is not a Slurm time limit (minutes, MM:SS, HH:MM:SS or D-HH:MM:SS)");
     if (j.cpus_per_task < 0) bad("--cpus-per-task", std::to_string(j.cpus_per_task), "must not be negative");
     if (j.output.find('\n') != std::string::npos) bad("--output", j.output, "must be one line");
     static const std::regex slurm_mem("^[0-9]+(Ki|Mi|Gi|Ti)?$");
-    if (!j.memory.empty() && !std::regex_match(j.memory, slurm_mem))
+    if (!j.memory.empty() && (j.memory.size() > 32 || !std::regex_match(j.memory, slurm_mem)))
       bad("--memory", j.memory, "cannot be said in Slurm's --mem: use whole Ki, Mi, Gi or Ti (e.g. 16Gi)");
   }
   if (t != target::runtime && j.program.empty()) bad("--", "", "no program given: put it after `--`");

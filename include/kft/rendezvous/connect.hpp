@@ -9,6 +9,7 @@
 
 #include <kft/core/environment.hpp>
 #include <kft/core/parse.hpp>
+#include <kft/core/timeout.hpp>
 #include <kft/discovery/world_info.hpp>
 #include <kft/rendezvous/detail/token_file.hpp>
 #include <kft/rendezvous/memory_store.hpp>
@@ -27,7 +28,7 @@ namespace rendezvous {
 struct store_handle {
   std::shared_ptr<store> client;
   std::unique_ptr<tcp_store_server> server;  ///< set only where this process hosts the store
-  std::chrono::milliseconds drain_timeout = std::chrono::seconds(60);
+  std::chrono::milliseconds drain_timeout = job_timeout();
   std::string token_file;  ///< the single-host token handover file this process wrote, if any
 
   store_handle() = default;
@@ -81,7 +82,7 @@ inline std::string store_kind(const environment& env) {
 ///   `memory_store`; nothing to meet.
 /// @throws config_error naming what is missing
 inline store_handle connect_store(const world_info& w, const environment& env = environment::process(),
-                                  std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+                                  std::chrono::milliseconds timeout = job_timeout()) {
   constexpr std::string_view ctx = "rendezvous store";
   store_handle h;
   if (!env.has("KFT_STORE_ADDR") && env.get("TORCHELASTIC_USE_AGENT_STORE") == "True") {

@@ -65,7 +65,7 @@ class file_store final : public store {
   }
   std::int64_t add(std::string_view key, std::int64_t delta) override {
     lock_guard lock(*this);
-    const auto v = detail::counter_value(read(key), key, describe()) + delta;
+    const auto v = detail::counter_add(read(key), key, describe(), delta);
     write_atomically(key, std::to_string(v));
     return v;
   }

@@ -19,10 +19,22 @@ inline std::int64_t counter_value(const std::optional<std::string>& v, std::stri
   std::int64_t x = 0;
   auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), x);
   if (ec != std::errc() || p != v->data() + v->size())
-    throw usage_error("add on key \"" + std::string(key) + "\" of " + where + ", which holds \"" + *v +
-                          "\", not an integer",
+    throw usage_error("add on key \"" + kft::detail::excerpt(key) + "\" of " + where + ", which holds \"" +
+                          kft::detail::excerpt(*v) + "\", not an integer",
                       error_site::of("store add"));
   return x;
+}
+
+/// The stored counter plus `delta`: what every store's `add` computes. A sum past the range of
+/// int64 is a usage_error, never a wrap.
+inline std::int64_t counter_add(const std::optional<std::string>& v, std::string_view key, const std::string& where,
+                                std::int64_t delta) {
+  std::int64_t sum = 0;
+  if (__builtin_add_overflow(counter_value(v, key, where), delta, &sum))
+    throw usage_error("add of " + std::to_string(delta) + " on key \"" + kft::detail::excerpt(key) + "\" of " + where +
+                          " overflows a 64-bit counter (it holds " + *v + ")",
+                      error_site::of("store add"));
+  return sum;
 }
 }  // namespace detail
 
@@ -69,9 +81,8 @@ class memory_store final : public store {
     {
       std::lock_guard lock(mu_);
       auto it = map_.find(key);
-      v = detail::counter_value(it == map_.end() ? std::nullopt : std::optional<std::string>(it->second), key,
-                                describe()) +
-          delta;
+      v = detail::counter_add(it == map_.end() ? std::nullopt : std::optional<std::string>(it->second), key,
+                              describe(), delta);
       map_.insert_or_assign(std::string(key), std::to_string(v));
     }
     cv_.notify_all();

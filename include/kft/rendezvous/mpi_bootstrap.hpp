@@ -9,6 +9,7 @@
 #pragma once
 
 #include <kft/config.hpp>
+#include <kft/core/timeout.hpp>
 #if !KFT_WITH_MPI
 #error "kft/rendezvous/mpi_bootstrap.hpp needs the MPI component: configure kft with KFT_WITH_MPI=ON and link kft::mpi"
 #endif
@@ -28,7 +29,7 @@ namespace rendezvous {
 
 /// @brief Collective over `comm`: returns every rank's connection to one store (hosted by rank 0).
 /// @throws transport_error when an MPI call fails (the same on every rank)
-inline store_handle mpi_bootstrap(MPI_Comm comm, std::chrono::milliseconds timeout = std::chrono::seconds(60),
+inline store_handle mpi_bootstrap(MPI_Comm comm, std::chrono::milliseconds timeout = job_timeout(),
                                   const std::string& advertise = {}) {
   auto check = [](int rc, const char* call) { mpi_check(rc, call, error_site::of("store bootstrap")); };
   int rank = 0, size = 1, local_size = 1;

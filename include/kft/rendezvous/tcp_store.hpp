@@ -19,10 +19,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include <kft/core/timeout.hpp>
 #include <kft/rendezvous/detail/socket.hpp>
 #include <kft/rendezvous/detail/tcp_wire.hpp>
 #include <kft/rendezvous/store.hpp>
@@ -38,16 +40,19 @@ class tcp_store final : public store {
     std::string host;
     int port = 0;
     std::string token;
-    std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);  ///< retry until then
-    std::chrono::milliseconds io_timeout = std::chrono::seconds(30);  ///< a non-waiting request
+    std::chrono::milliseconds connect_timeout = job_timeout();  ///< retry until then (KFT_TIMEOUT)
+    std::chrono::milliseconds io_timeout = timeouts().store_request;  ///< a non-waiting request
     std::string name;  ///< shown in the server's log when refused, e.g. "node 1 agent"
+    /// Checked while connecting (every 250 ms at most): true gives up (usage_error), e.g. when
+    /// the launcher got SIGTERM.
+    std::function<bool()> cancelled;
   };
 
   /// @brief Connects (retrying with backoff) and authenticates.
   /// @throws timeout_error naming the address when it cannot connect in time
   /// @throws config_error when the server refuses the token
   explicit tcp_store(options opt) : opt_(std::move(opt)) {
-    fd_ = detail::connect_with_retry(opt_.host, opt_.port, opt_.connect_timeout);
+    fd_ = detail::connect_with_retry(opt_.host, opt_.port, opt_.connect_timeout, opt_.cancelled);
     auto r = request(wire::writer().u8(static_cast<std::uint8_t>(wire::op::hello)).str(opt_.token).str(opt_.name).done(),
                      opt_.io_timeout, "hello");
     if (static_cast<wire::status>(r.u8()) != wire::status::ok) {

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -35,7 +36,15 @@ class tcp_store_server {
     int port = 0;                    ///< 0 = any free port (see port())
     std::string token;               ///< clients must present it; must not be empty
     /// Where refusals and protocol errors are reported (default: stderr, one line each).
+    /// Text that came from a client is escaped and cut (detail::excerpt): one line per event.
     std::function<void(const std::string&)> log;
+    /// A connection that has not presented its hello by then is dropped.
+    std::chrono::milliseconds hello_timeout{5000};
+    /// Most connections waiting for their hello at once; 0 = a quarter of the file
+    /// descriptors this process may open (at least 8, at most 1024). When a new one would
+    /// exceed it, the oldest unauthenticated connection is dropped (so an idle crowd cannot
+    /// keep the job's own clients out).
+    int max_unauthenticated = 0;
   };
 
   explicit tcp_store_server(options opt) : opt_(std::move(opt)) {
@@ -43,6 +52,11 @@ class tcp_store_server {
       throw usage_error("a TCP store needs a token (KFT_RDZV_TOKEN, or kft::random_token())",
                         error_site::of("store listen"));
     if (!opt_.log) opt_.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+    if (opt_.max_unauthenticated <= 0) {
+      rlimit lim{};
+      const rlim_t fds = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? lim.rlim_cur : 1024;
+      opt_.max_unauthenticated = static_cast<int>(std::clamp<rlim_t>(fds / 4, 8, 1024));
+    }
     listen_ = detail::listen_on(opt_.host, opt_.port);
     port_ = detail::local_port(listen_.get());
     int pipefd[2];
@@ -69,6 +83,9 @@ class tcp_store_server {
   int refused() const noexcept { return refused_.load(); }
   /// @brief Clients connected right now.
   int connected() const noexcept { return connected_.load(); }
+  /// @brief Unauthenticated connections dropped so far: silent past the hello deadline,
+  /// shed for newer ones, or sending more than a hello may hold.
+  int dropped() const noexcept { return dropped_.load(); }
 
   /// @brief Waits until every client has disconnected (or `timeout` passed): a process that
   /// hosts the store calls this before it exits, so no rank loses the store mid-request.
@@ -89,6 +106,7 @@ class tcp_store_server {
     std::string in, out;
     bool authed = false;
     bool closing = false;  // close once `out` is flushed
+    detail::clock::time_point hello_by;  // unauthenticated: dropped if still silent then
     // A pending get/wait.
     bool waiting = false;
     wire::op wait_op = wire::op::get;
@@ -103,12 +121,20 @@ class tcp_store_server {
       fds.clear();
       fds.push_back({wake_read_.get(), POLLIN, 0});
       fds.push_back({listen_.get(), POLLIN, 0});
-      auto next_deadline = detail::clock::time_point::max();
+      // After a failed accept (out of file descriptors) the listener stays readable: pause it
+      // briefly instead of spinning on it.
+      if (detail::clock::now() >= accept_paused_until_) fds[1].events = POLLIN;
+      else fds[1].events = 0;
+      auto next_deadline = accept_paused_until_ > detail::clock::now() ? accept_paused_until_
+                                                                        : detail::clock::time_point::max();
       for (auto& c : clients) {
-        short ev = POLLIN;
+        // A client with a whole frame's limit buffered (waiting for its reply) is not read
+        // until it is handled: no unbounded buffer, and no poll that returns at once forever.
+        short ev = c->in.size() >= input_limit(*c) ? 0 : POLLIN;
         if (!c->out.empty()) ev |= POLLOUT;
         fds.push_back({c->fd.get(), ev, 0});
         if (c->waiting) next_deadline = std::min(next_deadline, c->deadline);
+        if (!c->authed && !c->closing) next_deadline = std::min(next_deadline, c->hello_by);
       }
       int timeout_ms = 1000;
       if (next_deadline != detail::clock::time_point::max()) {
@@ -122,10 +148,16 @@ class tcp_store_server {
         auto& c = *clients[i];
         const short re = fds[i + 2].revents;
         if (re & (POLLIN | POLLHUP | POLLERR)) read_from(c);
+        if ((re & (POLLHUP | POLLERR)) && c.in.size() >= input_limit(c)) {  // gone, with a full buffer
+          c.closing = true;
+          c.out.clear();
+          c.waiting = false;
+        }
         if (!c.closing) process(c);
         if (re & POLLOUT) flush(c);
       }
       expire_waiters(clients);
+      drop_silent(clients);
       std::erase_if(clients, [](const std::unique_ptr<client>& c) { return c->closing && c->out.empty(); });
       connected_.store(static_cast<int>(clients.size()));
     }
@@ -134,22 +166,78 @@ class tcp_store_server {
   void accept_all(std::vector<std::unique_ptr<client>>& clients) {
     while (true) {
       const int fd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) return;
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors: free one by shedding the oldest stranger, and look again
+          // in a moment (the pending connection stays in the backlog).
+          if (!shed_oldest(clients, "out of file descriptors")) {
+            if (!warned_fds_) opt_.log("kft store " + address() + ": cannot accept: " + detail::errno_text(errno));
+            warned_fds_ = true;
+          }
+          accept_paused_until_ = detail::clock::now() + std::chrono::milliseconds(50);
+        }
+        return;
+      }
       detail::set_nodelay(fd);
+      int strangers = 0;
+      for (const auto& c : clients) strangers += !c->authed && !c->closing;
+      if (strangers >= opt_.max_unauthenticated) shed_oldest(clients, "too many connections without a hello");
       auto c = std::make_unique<client>();
       c->fd = detail::unique_fd(fd);
       c->peer = detail::peer_name(fd);
+      c->hello_by = detail::clock::now() + opt_.hello_timeout;
       clients.push_back(std::move(c));
     }
   }
 
+  // Drops one unauthenticated connection, the oldest. @return false if there is none
+  bool shed_oldest(std::vector<std::unique_ptr<client>>& clients, const char* why) {
+    for (auto& c : clients) {  // in accept order
+      if (c->authed || c->closing) continue;
+      drop(*c, why);
+      c->fd.reset();  // its descriptor is needed now, not after the next poll
+      return true;
+    }
+    return false;
+  }
+
+  void drop(client& c, const std::string& why) {
+    ++dropped_;
+    if (dropped_.load() <= 20 || dropped_.load() % 1000 == 0)  // a flood must not flood the log
+      opt_.log("kft store " + address() + ": dropped " + c.peer + ": " + why +
+               (dropped_.load() == 20 ? " (further drops are counted, one line per 1000)" : ""));
+    c.closing = true;
+    c.out.clear();
+    c.in.clear();
+    c.waiting = false;
+  }
+
+  // Unauthenticated connections silent past their hello deadline.
+  void drop_silent(std::vector<std::unique_ptr<client>>& clients) {
+    const auto now = detail::clock::now();
+    for (auto& c : clients)
+      if (!c->authed && !c->closing && now >= c->hello_by)
+        drop(*c, "no hello within " + kft::detail::describe_duration(opt_.hello_timeout));
+  }
+
+  // Reads what has arrived, never more than one frame's limit ahead of what was handled: a
+  // length header over the limit ends the connection before its body is read.
+  static std::size_t input_limit(const client& c) { return 4u + (c.authed ? wire::max_frame : wire::max_hello_frame); }
+
   void read_from(client& c) {
+    if (!c.fd) return;
     char buf[65536];
     while (true) {
-      const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
+      const std::size_t limit = input_limit(c);
+      if (c.in.size() >= 4) {
+        const auto n = wire::frame_length(c.in);
+        if (n == 0 || n > limit - 4u) return;  // process() reports and drops it
+      }
+      if (c.in.size() >= limit) return;  // a whole frame is waiting to be handled
+      const std::size_t want = std::min(sizeof buf, limit - c.in.size());
+      const ssize_t n = ::recv(c.fd.get(), buf, want, 0);
       if (n > 0) {
         c.in.append(buf, static_cast<std::size_t>(n));
-        if (c.in.size() > wire::max_frame + 4u) break;
         continue;
       }
       if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
@@ -185,9 +273,14 @@ class tcp_store_server {
     while (!c.waiting && !c.closing && c.in.size() >= 4) {
       const auto n = wire::frame_length(c.in);
       if (n > (c.authed ? wire::max_frame : wire::max_hello_frame) || n == 0) {
-        opt_.log("kft store " + address() + ": dropped " + c.peer + ": frame of " + std::to_string(n) + " bytes");
-        c.closing = true;
-        c.out.clear();
+        if (c.authed) {
+          opt_.log("kft store " + address() + ": dropped " + c.peer + ": frame of " + std::to_string(n) + " bytes");
+          c.closing = true;
+          c.out.clear();
+        } else {
+          drop(c, "a first frame of " + std::to_string(n) + " bytes (a hello has at most " +
+                      std::to_string(wire::max_hello_frame) + ")");
+        }
         return;
       }
       if (c.in.size() < 4u + n) return;
@@ -208,8 +301,12 @@ class tcp_store_server {
         reply(c, wire::writer().u8(static_cast<std::uint8_t>(wire::status::ok)).done());
       } else {
         ++refused_;
-        opt_.log("kft store " + address() + ": refused " + c.peer + (who.empty() ? "" : " (" + who + ")") +
-                 ": " + (o == wire::op::hello ? "wrong token" : "no hello"));
+        // `who` is whatever the peer claims: printed escaped and cut, quoted, after the address.
+        if (refused_.load() <= 20 || refused_.load() % 1000 == 0)
+          opt_.log("kft store " + address() + ": refused " + c.peer +
+                   (who.empty() ? "" : " (calls itself \"" + kft::detail::excerpt(who, 80) + "\")") + ": " +
+                   (o == wire::op::hello ? "wrong token" : "no hello") +
+                   (refused_.load() == 20 ? " (further refusals are counted, one line per 1000)" : ""));
         reply(c, wire::writer().u8(static_cast<std::uint8_t>(wire::status::denied)).done());
         c.closing = true;
       }
@@ -249,10 +346,8 @@ class tcp_store_server {
         if (!r.ok()) break;
         auto it = data_.find(key);
         try {
-          const auto v =
-              detail::counter_value(it == data_.end() ? std::nullopt : std::optional<std::string>(it->second), key,
-                                    "tcp store " + address()) +
-              delta;
+          const auto v = detail::counter_add(it == data_.end() ? std::nullopt : std::optional<std::string>(it->second),
+                                             key, "tcp store " + address(), delta);
           data_.insert_or_assign(key, std::to_string(v));
           reply(c, ok().i64(v).done());
         } catch (const usage_error& e) {
@@ -349,6 +444,9 @@ class tcp_store_server {
   std::atomic<bool> stop_{false};
   std::atomic<int> refused_{0};
   std::atomic<int> connected_{0};
+  std::atomic<int> dropped_{0};
+  detail::clock::time_point accept_paused_until_{};  // only touched by the server thread
+  bool warned_fds_ = false;
   std::map<std::string, std::string, std::less<>> data_;  // only touched by the server thread
   std::thread thread_;
 };

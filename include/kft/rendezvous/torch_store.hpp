@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include <kft/core/timeout.hpp>
 #include <kft/rendezvous/detail/socket.hpp>
 #include <kft/rendezvous/store.hpp>
 
@@ -95,8 +96,8 @@ class torch_tcp_store final : public store {
   struct options {
     std::string host;
     int port = 0;
-    std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);  ///< retry until then
-    std::chrono::milliseconds io_timeout = std::chrono::seconds(30);       ///< a non-waiting request
+    std::chrono::milliseconds connect_timeout = job_timeout();  ///< retry until then (KFT_TIMEOUT)
+    std::chrono::milliseconds io_timeout = timeouts().store_request;  ///< a non-waiting request
     std::string role = "torchrun's agent store";  ///< shown in describe()
   };
 

@@ -25,6 +25,7 @@
 
 #include <kft/core/environment.hpp>
 #include <kft/core/error.hpp>
+#include <kft/core/timeout.hpp>
 #include <kft/rendezvous/store.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -121,7 +122,7 @@ class layout {
 /// everyone's. Keys go under "topology/<n>/" (n counts exchanges, so a job may call it again).
 /// @throws timeout_error naming the ranks that did not publish within `timeout`
 inline layout exchange(rendezvous::store& store, int rank, int size, std::string host = host_id(),
-                       std::chrono::milliseconds timeout = std::chrono::seconds(300)) {
+                       std::chrono::milliseconds timeout = job_timeout()) {
   if (size < 1 || rank < 0 || rank >= size)
     throw usage_error("topology exchange: rank " + std::to_string(rank) + " of " + std::to_string(size) +
                           " is not a valid place",

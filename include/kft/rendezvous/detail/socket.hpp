@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -144,13 +145,19 @@ inline unique_fd listen_on(const std::string& host, int port) {
                         error_site::of("store listen"), last);
 }
 
-/// Connects to host:port, retrying with backoff until `timeout` has passed.
+/// Connects to host:port, retrying with backoff until `timeout` has passed, or until
+/// `cancelled` (checked between attempts, at least every 250 ms) returns true.
 /// @throws timeout_error naming the address and the last error
-inline unique_fd connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout) {
+/// @throws usage_error when cancelled
+inline unique_fd connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout,
+                                    const std::function<bool()>& cancelled = {}) {
   const auto deadline = clock::now() + timeout;
   auto pause = std::chrono::milliseconds(20);
   std::string last = "no attempt";
   while (true) {
+    if (cancelled && cancelled())
+      throw usage_error("connecting to the rendezvous store at " + endpoint(host, port) + " was cancelled",
+                        error_site::of("store connect"));
     try {
       auto res = resolve(host, port, false);
       for (addrinfo* a = res.get(); a != nullptr; a = a->ai_next) {
@@ -192,7 +199,7 @@ inline unique_fd connect_with_retry(const std::string& host, int port, std::chro
                               kft::detail::describe_duration(timeout) + " (last error: " + last + ")",
                           error_site::of("store connect"));
     std::this_thread::sleep_for(std::min<clock::duration>(pause, deadline - now));  // one last try at the deadline
-    pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+    pause = std::min(pause * 2, std::chrono::milliseconds(cancelled ? 250 : 1000));
   }
 }
 

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <kft/config.hpp>
+#include <kft/core/timeout.hpp>
 #if !KFT_WITH_GLOO
 #error "kft/transport/gloo/communicator.hpp needs the Gloo component: configure kft with KFT_WITH_GLOO=ON and link kft::gloo"
 #endif
@@ -71,8 +72,8 @@ using namespace std::chrono_literals;
 
 /// @brief Settings of one communicator (the transport reads no environment variable).
 struct config {
-  std::chrono::milliseconds timeout = 300s;     ///< default deadline of every call (and of connecting)
-  std::chrono::milliseconds report_grace = 2s;  ///< after a failure: how long to wait for the others' records
+  std::chrono::milliseconds timeout = job_timeout();  ///< default deadline of every call and of connecting (KFT_TIMEOUT)
+  std::chrono::milliseconds report_grace = timeouts().report_grace;  ///< after a failure: how long to wait for the others' records
   group_identity identity{};                    ///< where this communicator sits in the job
   std::string host;                             ///< this rank's host, for the others' messages
 };

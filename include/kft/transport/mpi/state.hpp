@@ -10,6 +10,7 @@
 #pragma once
 
 #include <kft/config.hpp>
+#include <kft/core/timeout.hpp>
 #if !KFT_WITH_MPI
 #error "kft/transport/mpi/state.hpp needs the MPI component: configure kft with KFT_WITH_MPI=ON and link kft::mpi"
 #endif
@@ -40,7 +41,7 @@ using namespace std::chrono_literals;
 /// @brief Settings of one communicator (the transport reads no environment variable; the
 /// process groups apply `KFT_MPI_CHECK`).
 struct config {
-  std::chrono::milliseconds timeout = 300s;  ///< default deadline of every collective
+  std::chrono::milliseconds timeout = job_timeout();  ///< default deadline of every collective (KFT_TIMEOUT)
   /// Compare every call's signature (collective, dtype, op, count, root, sequence number) across
   /// ranks with one extra small MPI_Allreduce. Off by default (it doubles small-message latency).
   bool check_signatures = false;

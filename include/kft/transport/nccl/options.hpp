@@ -4,6 +4,7 @@
 #pragma once
 
 #include <kft/config.hpp>
+#include <kft/core/timeout.hpp>
 #if !KFT_WITH_NCCL
 #error "kft/transport/nccl/options.hpp needs the NCCL component: configure kft with KFT_WITH_NCCL=ON and link kft::nccl"
 #endif
@@ -31,10 +32,10 @@ using namespace std::chrono_literals;
 /// @brief Settings of one communicator.
 struct config {
   /// Default deadline of every collective, and of the initialisation (every rank must arrive).
-  std::chrono::milliseconds timeout = 300s;
+  std::chrono::milliseconds timeout = job_timeout();  // KFT_TIMEOUT
   /// How long the destructor lets `ncclCommFinalize` flush before it aborts instead (a
   /// destructor must neither throw nor hang on a peer that is gone).
-  std::chrono::milliseconds destroy_timeout = 10s;
+  std::chrono::milliseconds destroy_timeout = timeouts().teardown;
   /// Scopes the rendezvous keys ("nccl/<name>/...") so that several communicators can meet
   /// through one store; ranks of one communicator must use the same name.
   std::string name = "kft";

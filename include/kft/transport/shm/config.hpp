@@ -8,6 +8,7 @@
 #include <string>
 
 #include <kft/core/error.hpp>
+#include <kft/core/timeout.hpp>
 #include <kft/transport/shm/tuning.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -23,7 +24,7 @@ struct config {
   std::size_t small_bytes = 32u << 10;     ///< per rank, per parity: the one-shot slot
   std::size_t pool_bytes = 0;              ///< room for symmetric zero-copy buffers (`allocate`)
   std::size_t streaming_bytes = 16u << 20;  ///< outputs from this size on bypass the caches
-  std::chrono::milliseconds timeout = 300s;  ///< default deadline of every wait
+  std::chrono::milliseconds timeout = job_timeout();  ///< default deadline of every wait (KFT_TIMEOUT)
   std::string name = "kft";                  ///< goes into the segment's name (e.g. the run id)
   group_identity identity{};                 ///< where this node's group sits in the job (messages)
   /// What algo::automatic runs, by size (tuning.hpp); a machine measured differently brings its own rows.

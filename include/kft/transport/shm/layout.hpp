@@ -61,7 +61,6 @@ struct alignas(64) header {
   std::uint32_t nranks;
   std::uint32_t version;
   std::uint64_t small_bytes, staging_bytes, pool_bytes;
-  std::atomic<std::uint32_t> mapped;  // segment.hpp's counter: the last mapper unlinks
   std::atomic<std::uint32_t> ready;
   std::atomic<std::uint32_t> abort_claim;  // taken by the first rank to abort
   std::atomic<std::uint32_t> aborted;      // published after the reason and rank are written

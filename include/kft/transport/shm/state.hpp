@@ -88,7 +88,7 @@ struct state {
     const std::string scope = "shm/" + cfg.name + "/";
     const auto instance = store.add(scope + "instances/" + std::to_string(me), 1);
     const std::string key = scope + std::to_string(instance) + "/segment";
-    seg = segment(store, key, me, p, total, cfg.name, offsetof(detail::header, mapped), cfg.timeout);
+    seg = segment(store, key, me, p, total, cfg.name, cfg.timeout);
     hdr = reinterpret_cast<detail::header*>(seg.data());
     ctrl = reinterpret_cast<detail::rank_ctrl*>(seg.data() + ctrl_off);
     regions = seg.data() + regions_off;
@@ -395,8 +395,14 @@ struct state {
   // with a sleeper's read-modify-write of `sleepers` before its last look at the flags: either
   // we see it counted, or it sees what we published.
   void notify() noexcept {
+#if defined(__SANITIZE_THREAD__)
+    // ThreadSanitizer does not model fences: the same order from a read-modify-write, which
+    // reads the latest count (slower under contention, so only here).
+    if (hdr->sleepers.fetch_add(0, std::memory_order_seq_cst) == 0) return;
+#else
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (hdr->sleepers.load(std::memory_order_relaxed) == 0) return;
+#endif
     hdr->wake.fetch_add(1, std::memory_order_relaxed);
     futex_wake_all(hdr->wake);
   }

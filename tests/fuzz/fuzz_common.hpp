@@ -1,0 +1,80 @@
+// What every kft fuzz target shares: the rule that kft fails only with its own exceptions, and
+// a loud abort (which libFuzzer records as a crash, with the input) when something else happens.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <typeinfo>
+#include <vector>
+
+#include <kft/core/error.hpp>
+
+namespace kft_fuzz {
+
+inline std::string_view text(const std::uint8_t* data, std::size_t size) {
+  return {reinterpret_cast<const char*>(data), size};
+}
+
+/// Reports a broken expectation and aborts: libFuzzer saves the input as crash-<sha1>.
+[[noreturn]] inline void fail(const std::string& what) {
+  std::fprintf(stderr, "kft fuzz: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+inline void check(bool ok, const std::string& what) {
+  if (!ok) fail("invariant broken: " + what);
+}
+
+/// Runs `f`; a kft exception of type `Allowed` (the documented failure) is fine, anything else
+/// thrown (std::out_of_range from stoi, a library's own exception, another kft error) is a finding.
+/// Returns true when `f` returned normally.
+template <class Allowed = kft::error, class F>
+bool expect_only(const char* what, F&& f) {
+  try {
+    f();
+    return true;
+  } catch (const Allowed&) {
+    return false;
+  } catch (const kft::error& e) {
+    fail(std::string(what) + " threw kft error " + typeid(e).name() + " where only " + typeid(Allowed).name() +
+         " is documented: " + e.what());
+  } catch (const std::exception& e) {
+    fail(std::string(what) + " threw " + typeid(e).name() + " (not a kft::error): " + e.what());
+  } catch (...) {
+    fail(std::string(what) + " threw something that is not a std::exception");
+  }
+}
+
+/// Runs `f`, which must not throw at all.
+template <class F>
+void expect_no_throw(const char* what, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    fail(std::string(what) + " threw " + typeid(e).name() + ": " + e.what());
+  } catch (...) {
+    fail(std::string(what) + " threw something that is not a std::exception");
+  }
+}
+
+/// Splits on '\n', dropping one trailing '\r' per line (so seeds edited on any system work).
+inline std::vector<std::string_view> lines(std::string_view s) {
+  std::vector<std::string_view> out;
+  while (!s.empty()) {
+    const auto nl = s.find('\n');
+    auto line = s.substr(0, nl);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    out.push_back(line);
+    if (nl == std::string_view::npos) break;
+    s.remove_prefix(nl + 1);
+  }
+  return out;
+}
+
+}  // namespace kft_fuzz

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""The fault matrix: real 3-rank jobs under kftrun, one fault each, and what a user is owed.
+
+    fault_matrix.py KFTRUN FAULT_WORKER PHASE      one phase's cases (startup, rendezvous, first,
+                                                   small, large)
+    fault_matrix.py KFTRUN FAULT_WORKER soak N     4 ranks, N random collectives, verified
+
+Each case runs `kftrun --timeout 5 --nproc-per-node 3 -- fault_worker fault PHASE RANK ACTION`
+(see fault_worker.cpp) for RANK 0, 1, 2 and ACTION kill (SIGKILL) and stop (SIGSTOP); in the
+collective phases also rank 1 skipping a call and rank 1 calling with a different count.
+Every case asserts:
+  - the job ends, with a non-zero status, within the timeout + 5 s;
+  - the culprit is named: kftrun names a killed rank and its signal; for a stopped, skipping
+    or mismatching rank, another rank's error names it and the operation it was in;
+  - nothing is left: no process of the job, no new /dev/shm entry, nothing listening on the
+    store's port, no new kft file in the temporary directory.
+"""
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from procs import marked_processes
+
+KFTRUN, WORKER, PHASE = sys.argv[1], sys.argv[2], sys.argv[3]
+MARK = "fault-" + str(random.randint(10**8, 10**9))
+TIMEOUT = 5
+failures = 0
+
+
+def expect(cond, what, *context):
+    global failures
+    print(("ok: " if cond else "FAIL: ") + what)
+    if not cond:
+        failures += 1
+        for c in context:
+            print("   ", str(c)[-3000:])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_processes():
+    return marked_processes(MARK)
+
+
+def kft_shm():
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("kft-"))
+
+
+def kft_tmp():
+    return sorted(f for f in os.listdir(tempfile.gettempdir()) if f.startswith("kft") and not f.startswith("kft-ci-"))
+
+
+def listening(port):
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def env():
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "KFT_", "RANK", "WORLD_SIZE", "TORCHELASTIC",
+                                                                   "OMPI_", "PMIX", "SLURM_"))}
+    e["KFT_RDZV_TOKEN"] = "t" + MARK
+    return e
+
+
+def survivor_lines(err, culprit):
+    """What the other ranks printed (kftrun prefixes each line with [rank])."""
+    return [l for l in err.splitlines() if re.match(r"\[(\d+)\]: ", l) and not l.startswith(f"[{culprit}]: ")]
+
+
+def names(text, rank):
+    return re.search(rf"\brank(\(s\))? {rank}\b|\blocal rank {rank}\b|\branks? [\d, ]*\b{rank}\b", text) is not None
+
+
+def case(phase, rank, action):
+    title = f"{phase}: rank {rank} {action}"
+    shm0, tmp0 = kft_shm(), kft_tmp()
+    port = free_port()
+    cmd = [KFTRUN, "--timeout", str(TIMEOUT), "--term-grace", "2", "--master-port", str(port), "--nproc-per-node", "3",
+           "--", WORKER, "fault", phase, str(rank), action, MARK]
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=TIMEOUT + 60)
+    except subprocess.TimeoutExpired as e:
+        expect(False, f"{title}: the job ends", e.stderr)
+        return
+    took = time.monotonic() - t0
+    err = p.stderr
+    expect(p.returncode != 0, f"{title}: the job fails (status {p.returncode})", err)
+    expect(took < TIMEOUT + 5, f"{title}: within the timeout + 5 s ({took:.1f} s)", err)
+    if action == "kill":
+        expect(f"rank {rank} (local rank {rank}, node 0)" in err and "killed by signal 9 (SIGKILL)" in err,
+               f"{title}: kftrun names rank {rank} and SIGKILL", err)
+    else:
+        others = "\n".join(survivor_lines(err, rank))
+        expect(names(others, rank), f"{title}: another rank's error names rank {rank}", err)
+        op = {"startup": r"shared segment|topology|set-up", "rendezvous": r"shared segment|set-up|topology",
+              "first": r"allreduce", "small": r"allreduce", "large": r"allreduce"}[phase]
+        if action in ("skip", "mismatch"):
+            op = r"allreduce"
+        expect(re.search(op, others) is not None, f"{title}: and the operation ({op})", others)
+    deadline = time.monotonic() + 3
+    while job_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    expect(not job_processes(), f"{title}: no process of the job is left", *job_processes())
+    new_shm = [f for f in kft_shm() if f not in shm0]
+    expect(not new_shm, f"{title}: nothing left in /dev/shm", new_shm)
+    expect(not listening(port), f"{title}: nothing listens on the store's port {port}")
+    new_tmp = [f for f in kft_tmp() if f not in tmp0]
+    expect(not new_tmp, f"{title}: no kft file left in {tempfile.gettempdir()}", new_tmp)
+
+
+def soak(iterations):
+    cmd = [KFTRUN, "--timeout", "60", "--nproc-per-node", "4", "--", WORKER, "soak", str(iterations), MARK]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=3600)
+    took = time.monotonic() - t0
+    print("\n".join(l for l in p.stdout.splitlines() if l.startswith("[0]: soak:")))
+    expect(p.returncode == 0, f"soak: {iterations} collectives on 4 ranks, zero errors ({took:.1f} s)",
+           p.stdout[-3000:], p.stderr[-3000:])
+    for r in range(4):
+        rows = [l for l in p.stdout.splitlines() if l.startswith(f"[{r}]: soak:")]
+        vals = [(int(re.search(r"rss_kib=(\d+)", l).group(1)), int(re.search(r"fds=(\d+)", l).group(1))) for l in rows]
+        if len(vals) < 3:
+            expect(False, f"soak: rank {r} reported its RSS and descriptors", rows)
+            continue
+        warm, last = vals[1], vals[-1]  # after the first tenth: pools and caches are built
+        expect(last[0] - warm[0] < 8 * 1024, f"soak: rank {r}'s RSS is flat ({warm[0]} -> {last[0]} KiB)")
+        expect(last[1] == warm[1], f"soak: rank {r}'s open descriptors are flat ({warm[1]} -> {last[1]})")
+    expect(not job_processes(), "soak: no process of the job is left", *job_processes())
+
+
+if __name__ == "__main__":
+    if PHASE == "soak":
+        soak(int(sys.argv[4]))
+    else:
+        cases = [(r, a) for a in ("kill", "stop") for r in (0, 1, 2)]
+        if PHASE in ("small", "large"):
+            cases += [(1, "skip"), (1, "mismatch")]
+        for rank, action in cases:
+            case(PHASE, rank, action)
+    for line in job_processes():  # never leave anything behind, even on failure
+        try:
+            os.kill(int(line.split(":")[0]), 9)
+        except (ProcessLookupError, ValueError):
+            pass
+    print(f"fault_matrix {PHASE}: {failures} failure(s)")
+    sys.exit(1 if failures else 0)
