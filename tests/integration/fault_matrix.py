@@ -13,7 +13,8 @@ Every case asserts:
   - the culprit is named: kftrun names a killed rank and its signal; for a stopped, skipping
     or mismatching rank, another rank's error names it and the operation it was in;
   - nothing is left: no process of the job, no new /dev/shm entry, nothing listening on the
-    store's port, no new kft file in the temporary directory.
+    store's port, no temporary file (each case gets its own TMPDIR and XDG_RUNTIME_DIR, where
+    kft writes its temporary files, and they must stay empty).
 """
 import os
 import random
@@ -55,8 +56,10 @@ def kft_shm():
     return sorted(f for f in os.listdir("/dev/shm") if f.startswith("kft-"))
 
 
-def kft_tmp():
-    return sorted(f for f in os.listdir(tempfile.gettempdir()) if f.startswith("kft") and not f.startswith("kft-ci-"))
+def files_under(root):
+    """Every file and directory below `root` (each case's private TMPDIR / XDG_RUNTIME_DIR)."""
+    return sorted(os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files)
+
 
 
 def listening(port):
@@ -65,10 +68,12 @@ def listening(port):
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def env():
+def env(private=None):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "KFT_", "RANK", "WORLD_SIZE", "TORCHELASTIC",
                                                                    "OMPI_", "PMIX", "SLURM_"))}
     e["KFT_RDZV_TOKEN"] = "t" + MARK
+    if private:  # temporary files of the job go here, and nowhere else another test could write
+        e["TMPDIR"] = e["XDG_RUNTIME_DIR"] = private
     return e
 
 
@@ -83,13 +88,14 @@ def names(text, rank):
 
 def case(phase, rank, action):
     title = f"{phase}: rank {rank} {action}"
-    shm0, tmp0 = kft_shm(), kft_tmp()
+    shm0 = kft_shm()
+    private = tempfile.mkdtemp(prefix="fault-tmp-")
     port = free_port()
     cmd = [KFTRUN, "--timeout", str(TIMEOUT), "--term-grace", "2", "--master-port", str(port), "--nproc-per-node", "3",
            "--", WORKER, "fault", phase, str(rank), action, MARK]
     t0 = time.monotonic()
     try:
-        p = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=TIMEOUT + 60)
+        p = subprocess.run(cmd, env=env(private), capture_output=True, text=True, timeout=TIMEOUT + 60)
     except subprocess.TimeoutExpired as e:
         expect(False, f"{title}: the job ends", e.stderr)
         return
@@ -115,8 +121,10 @@ def case(phase, rank, action):
     new_shm = [f for f in kft_shm() if f not in shm0]
     expect(not new_shm, f"{title}: nothing left in /dev/shm", new_shm)
     expect(not listening(port), f"{title}: nothing listens on the store's port {port}")
-    new_tmp = [f for f in kft_tmp() if f not in tmp0]
-    expect(not new_tmp, f"{title}: no kft file left in {tempfile.gettempdir()}", new_tmp)
+    left = files_under(private)
+    expect(not left, f"{title}: no temporary file left (in its TMPDIR and XDG_RUNTIME_DIR)", left)
+    if not left:
+        os.rmdir(private)
 
 
 def soak(iterations):
