@@ -367,15 +367,20 @@ def wire_str(b):
     return len(b).to_bytes(4, "little") + b
 
 
+def signal_and_wait(p, sig, timeout=60):
+    """Sends `sig` to kftrun and waits for it: (its stderr, seconds until it exited)."""
+    t0 = time.monotonic()
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=timeout)
+    return err, time.monotonic() - t0
+
+
 def sigterm_during_gang_start():
     port = free_port()
     a = start(["--nnodes", "2", "--node-rank", "0", "--master-port", str(port), "--", "true"], KFT_RDZV_TOKEN="t")
     wait_listening(port)
     time.sleep(0.5)
-    t0 = time.monotonic()
-    a.send_signal(signal.SIGTERM)
-    _, err = a.communicate(timeout=30)
-    took = time.monotonic() - t0
+    err, took = signal_and_wait(a, signal.SIGTERM, 30)
     expect(a.returncode == 143, "node 0 waiting for node 1 exits 143 on SIGTERM", a.returncode, err)
     expect(took < 2, f"at once, not at the rendezvous timeout ({took:.2f} s)")
     expect("received SIGTERM while waiting for the other nodes (node rank 1 of 2 did not join" in err,
@@ -384,10 +389,7 @@ def sigterm_during_gang_start():
     b = start(["--nnodes", "2", "--node-rank", "1", "--master-port", str(free_port()), "--", "true"],
               KFT_RDZV_TOKEN="t")
     time.sleep(1.0)
-    t0 = time.monotonic()
-    b.send_signal(signal.SIGINT)
-    _, err = b.communicate(timeout=30)
-    took = time.monotonic() - t0
+    err, took = signal_and_wait(b, signal.SIGINT, 30)
     expect(b.returncode == 130 and took < 2, f"node 1 connecting to its master exits 130 on SIGINT ({took:.2f} s)",
            b.returncode, err)
     expect("received SIGINT while connecting to the rendezvous store" in err, "saying so", err)
@@ -415,10 +417,7 @@ def stopped_worker():
     expect(victim is not None, "found rank 1's process", *leftovers())
     os.kill(victim, signal.SIGSTOP)
     time.sleep(0.3)
-    t0 = time.monotonic()
-    a.send_signal(signal.SIGTERM)
-    _, err = a.communicate(timeout=60)
-    took = time.monotonic() - t0
+    err, took = signal_and_wait(a, signal.SIGTERM)
     expect(a.returncode == 143, "kftrun exits 143", a.returncode, err)
     expect(took < 3, f"a stopped worker is killed at once, not after --term-grace 20 ({took:.2f} s)")
     no_leftovers()
