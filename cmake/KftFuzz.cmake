@@ -71,12 +71,16 @@ if(KFT_HAVE_FUZZ)
   include(ExternalProject)
   set(_kft_fuzz_src "${PROJECT_SOURCE_DIR}/tests/fuzz")
   set(_kft_fuzz_bin "${CMAKE_CURRENT_BINARY_DIR}/fuzz")
-  # manifest_job compiles kft-manifest's source, so it needs what the tool needs.
+  # manifest_job/manifest_args compile kft-manifest's source and kftrun_args kftrun's command line,
+  # so they need what the tools need.
   find_package(yaml-cpp QUIET)
   find_package(CLI11 QUIET)
   set(_kft_fuzz_targets discovery_env slurm_lists store_server store_wire)
   if(yaml-cpp_FOUND AND CLI11_FOUND)
-    list(APPEND _kft_fuzz_targets manifest_job)
+    list(APPEND _kft_fuzz_targets manifest_job manifest_args)
+  endif()
+  if(CLI11_FOUND)
+    list(APPEND _kft_fuzz_targets kftrun_args)
   endif()
   set(_kft_fuzz_bins)
   foreach(t IN LISTS _kft_fuzz_targets)

@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <iostream>
+#include <sstream>
+#include <streambuf>
 #include <string>
 #include <string_view>
 #include <typeinfo>
@@ -61,6 +64,25 @@ void expect_no_throw(const char* what, F&& f) {
   } catch (...) {
     fail(std::string(what) + " threw something that is not a std::exception");
   }
+}
+
+/// Runs `f` with std::cout going nowhere (without failing: the tools check the stream) and
+/// std::cerr captured; returns what `f` wrote to std::cerr. `f` must not throw (see expect_no_throw).
+template <class F>
+std::string quietly(F&& f) {
+  class null_buffer final : public std::streambuf {
+   protected:
+    int overflow(int c) override { return traits_type::not_eof(c); }
+    std::streamsize xsputn(const char*, std::streamsize n) override { return n; }
+  };
+  static null_buffer nowhere;
+  std::ostringstream captured;
+  auto* old_out = std::cout.rdbuf(&nowhere);
+  auto* old_err = std::cerr.rdbuf(captured.rdbuf());
+  f();
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  return captured.str();
 }
 
 /// Splits on '\n', dropping one trailing '\r' per line (so seeds edited on any system work).

@@ -162,4 +162,31 @@ ttl: ~
 command: [./train, {x: 1}]
 """)
 write("manifest_job", "two-documents", "name: first\ncommand: [a]\n---\nname: second\n")
+# ---- kftrun_args / manifest_args: one argument per line -----------------------------------------
+def argv(*a):
+    return "".join(f"{x}\n" for x in a)
+
+
+write("kftrun_args", "single", argv("--nproc-per-node", "4", "--", "./train", "--epochs", "3"))
+write("kftrun_args", "two-nodes", argv("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                                       "--master-port", "29400", "--timeout", "90s", "--rdzv-timeout", "20",
+                                       "--heartbeat-timeout", "3", "--", "./train"))
+write("kftrun_args", "torchrun-forms", argv("--nproc_per_node=auto", "--max_restarts=2", "--rdzv_id=job-7",
+                                            "--log_dir", "logs", "--tee", "--monitor_interval", "0.5",
+                                            "--term-grace", "0", "--standalone", "prog"))
+write("kftrun_args", "bad", argv("--nnodes", "2", "--node-rank", "2", "--timeout", "1.5h", "--bind", "numa",
+                                 "--", "x"))
+write("manifest_args", "trainjob", argv("trainjob", "--name", "cpu-2nodes", "--image", "reg/kft:1", "--nodes", "2",
+                                        "--nproc-per-node", "4", "--cpus", "500m", "--memory", "16Gi",
+                                        "--env", "A=1", "--label", "team=a", "--queue", "q", "--gang", "volcano",
+                                        "--", "./train", "--epochs", "3"))
+write("manifest_args", "mpijob", argv("mpijob", "--name", "mpi-gpu", "--image", "reg/kft:1", "--nodes", "2",
+                                      "--gpus-per-node", "8", "--ssh-mount-path", "/var/run/ssh", "--ttl", "600",
+                                      "--active-deadline", "3600", "--max-restarts", "1", "--", "prog"))
+write("manifest_args", "sbatch", argv("sbatch", "--name", "gpu-2x8", "--nodes", "2", "--nproc-per-node", "8",
+                                      "--launcher", "mpirun", "--time", "02:00:00", "--output", "x-%j.out",
+                                      "--cpus-per-task", "4", "--", "/opt/train"))
+write("manifest_args", "runtime", argv("runtime", "--name", "kft-torch", "--image", "reg/kft:1",
+                                       "--annotation", "a=b", "--priority-class", "high"))
+
 print(f"make-seeds: wrote the seed corpora under {out}")

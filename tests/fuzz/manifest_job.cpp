@@ -28,6 +28,7 @@
 #include <CLI/CLI.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include <kft/core/atomic_file.hpp>
 #include <kft/core/error.hpp>
 #include <kft/core/parse.hpp>
 #include <kft/manifest/job.hpp>
@@ -43,27 +44,16 @@ namespace {
 
 int job_fd = -1;
 
-// std::cout of the tool goes nowhere (without failing: the tool checks the stream).
-class null_buffer final : public std::streambuf {
- protected:
-  int overflow(int c) override { return traits_type::not_eof(c); }
-  std::streamsize xsputn(const char*, std::streamsize n) override { return n; }
-};
-
 int run_tool(const std::vector<std::string>& args, std::string& err) {
   std::vector<std::string> copy = args;
   std::vector<char*> argv;
   for (auto& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
-  static null_buffer nowhere;
-  std::ostringstream captured;
-  auto* old_out = std::cout.rdbuf(&nowhere);
-  auto* old_err = std::cerr.rdbuf(captured.rdbuf());
   int rc = -1;
-  kft_fuzz::expect_no_throw("kft-manifest's main()", [&] { rc = kft_manifest_tool_main(static_cast<int>(copy.size()), argv.data()); });
-  std::cout.rdbuf(old_out);
-  std::cerr.rdbuf(old_err);
-  err = captured.str();
+  err = kft_fuzz::quietly([&] {
+    kft_fuzz::expect_no_throw("kft-manifest's main()",
+                              [&] { rc = kft_manifest_tool_main(static_cast<int>(copy.size()), argv.data()); });
+  });
   return rc;
 }
 

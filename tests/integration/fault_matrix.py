@@ -3,11 +3,16 @@
 
     fault_matrix.py KFTRUN FAULT_WORKER PHASE      one phase's cases (startup, rendezvous, first,
                                                    small, large)
+    fault_matrix.py KFTRUN TRAINER_WORKER PHASE    the trainer's phases: backward (mid backward
+                                                   pass, buckets in flight), checkpoint (mid
+                                                   checkpoint write; rank 0 writes)
     fault_matrix.py KFTRUN FAULT_WORKER soak N     4 ranks, N random collectives, verified
 
 Each case runs `kftrun --timeout 5 --nproc-per-node 3 -- fault_worker fault PHASE RANK ACTION`
 (see fault_worker.cpp) for RANK 0, 1, 2 and ACTION kill (SIGKILL) and stop (SIGSTOP); in the
-collective phases also rank 1 skipping a call and rank 1 calling with a different count.
+collective phases also rank 1 skipping a call and rank 1 calling with a different count. The
+trainer's phases run `trainer_worker ... --fault PHASE:RANK:ACTION` (example 05's model under
+kft::ddp::trainer, checkpointing every 10 steps); a checkpoint cut short must leave no final file.
 Every case asserts:
   - the job ends, with a non-zero status, within the timeout + 5 s;
   - the culprit is named: kftrun names a killed rank and its signal; for a stopped, skipping
@@ -19,6 +24,7 @@ Every case asserts:
 import os
 import random
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +36,7 @@ from procs import marked_processes
 KFTRUN, WORKER, PHASE = sys.argv[1], sys.argv[2], sys.argv[3]
 MARK = "fault-" + str(random.randint(10**8, 10**9))
 TIMEOUT = 5
+TRAINER_PHASES = ("backward", "checkpoint")
 failures = 0
 
 
@@ -92,7 +99,14 @@ def case(phase, rank, action):
     private = tempfile.mkdtemp(prefix="fault-tmp-")
     port = free_port()
     cmd = [KFTRUN, "--timeout", str(TIMEOUT), "--term-grace", "2", "--master-port", str(port), "--nproc-per-node", "3",
-           "--", WORKER, "fault", phase, str(rank), action, MARK]
+           "--", WORKER]
+    ckpt = None
+    if phase in TRAINER_PHASES:
+        ckpt = tempfile.mkdtemp(prefix="fault-ckpt-")
+        cmd += ["--ckpt", ckpt, "--steps", "40", "--every", "10", "--global-batch", "96", "--shards", "6",
+                "--fault", f"{phase}:{rank}:{action}", MARK]
+    else:
+        cmd += ["fault", phase, str(rank), action, MARK]
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, env=env(private), capture_output=True, text=True, timeout=TIMEOUT + 60)
@@ -110,7 +124,8 @@ def case(phase, rank, action):
         others = "\n".join(survivor_lines(err, rank))
         expect(names(others, rank), f"{title}: another rank's error names rank {rank}", err)
         op = {"startup": r"shared segment|topology|set-up", "rendezvous": r"shared segment|set-up|topology",
-              "first": r"allreduce", "small": r"allreduce", "large": r"allreduce"}[phase]
+              "first": r"allreduce", "small": r"allreduce", "large": r"allreduce",
+              "backward": r"allreduce", "checkpoint": r"allreduce|broadcast|barrier"}[phase]
         if action in ("skip", "mismatch"):
             op = r"allreduce"
         expect(re.search(op, others) is not None, f"{title}: and the operation ({op})", others)
@@ -121,6 +136,13 @@ def case(phase, rank, action):
     new_shm = [f for f in kft_shm() if f not in shm0]
     expect(not new_shm, f"{title}: nothing left in /dev/shm", new_shm)
     expect(not listening(port), f"{title}: nothing listens on the store's port {port}")
+    if ckpt:
+        said = {"backward": "in the middle of backward", "checkpoint": "while writing step 10's checkpoint"}[phase]
+        expect(f"fault: {action} {said}" in p.stdout, f"{title}: the fault happened ({said})", p.stdout[-2000:])
+        if phase == "checkpoint":
+            final = [n for n in os.listdir(ckpt) if n == "ckpt-000000000010.kft"]
+            expect(not final, f"{title}: the checkpoint cut short left no final file", sorted(os.listdir(ckpt)))
+        shutil.rmtree(ckpt, ignore_errors=True)
     left = files_under(private)
     expect(not left, f"{title}: no temporary file left (in its TMPDIR and XDG_RUNTIME_DIR)", left)
     if not left:
@@ -151,7 +173,7 @@ if __name__ == "__main__":
     if PHASE == "soak":
         soak(int(sys.argv[4]))
     else:
-        cases = [(r, a) for a in ("kill", "stop") for r in (0, 1, 2)]
+        cases = [(r, a) for a in ("kill", "stop") for r in ((0,) if PHASE == "checkpoint" else (0, 1, 2))]
         if PHASE in ("small", "large"):
             cases += [(1, "skip"), (1, "mismatch")]
         for rank, action in cases:

@@ -75,5 +75,27 @@ for extra, texts, *needs in SHOWS:
     ok = p.returncode == 0 and not missing
     print(f"{'ok  ' if ok else 'FAIL'} exit={p.returncode} {extra}" + (f"\n     missing: {missing}\n{p.stdout}" if missing else ""))
     failures += not ok
+
+# --output: %r becomes the rank, the file holds exactly the JSON line, nothing else is left in
+# the directory; an unwritable path exits 1 naming it and writes nothing.
+import json, tempfile
+with tempfile.TemporaryDirectory() as d:
+    env = {**base, "RANK": "2", "WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "r"}
+    p = subprocess.run([KFT_INFO, "--topology=off", "--output", os.path.join(d, "info-%r-100%%.json")], env=env,
+                       capture_output=True, text=True, timeout=30)
+    files = sorted(os.listdir(d))
+    ok = p.returncode == 0 and p.stdout == "" and files == ["info-2-100%.json"]
+    if ok:
+        with open(os.path.join(d, files[0])) as f:
+            text = f.read()
+        ok = text.endswith("}\n") and text.count("\n") == 1 and json.loads(text)["world"]["rank"] == 2
+    print(f"{'ok  ' if ok else 'FAIL'} --output with %r: exit={p.returncode} files={files} {p.stderr.strip()}")
+    failures += not ok
+    missing = os.path.join(d, "no-such-dir", "x-%r.json")
+    p = subprocess.run([KFT_INFO, "-o", missing], env=env, capture_output=True, text=True, timeout=30)
+    ok = (p.returncode == 1 and os.path.join(d, "no-such-dir") in p.stderr and "No such file" in p.stderr
+          and sorted(os.listdir(d)) == files)
+    print(f"{'ok  ' if ok else 'FAIL'} --output into a missing directory: exit={p.returncode} {p.stderr.strip()}")
+    failures += not ok
 print(f"kft_info_env: {failures} failure(s)")
 sys.exit(1 if failures else 0)

@@ -170,7 +170,16 @@ def bad_input():
             f.write("name: a\nimage: i\nnprocs-per-node: 2\ncommand: [x]\n")
         p = tool("trainjob", "--job-file", job_file, check=False)
         expect(p.returncode == 2 and "nprocs-per-node" in p.stderr, "a misspelt job-file field is refused", p.stderr)
-    print(f"bad_input: {len(cases) + 1} bad inputs refused with exit 2, nothing written")
+        # A device that never ends, read with a bound (not until memory runs out).
+        p = tool("trainjob", "--job-file", "/dev/zero", check=False)
+        expect(p.returncode == 2 and "/dev/zero" in p.stderr and "larger than 16 MiB" in p.stderr,
+               "an endless job file is refused after 16 MiB", p.returncode, p.stderr[-500:])
+        # -o into a directory that does not exist: exit 2 naming it, nothing written anywhere.
+        missing = os.path.join(d, "no-such-dir", "out.yaml")
+        p = tool("trainjob", "--name", "a", "--image", "i", "-o", missing, "--", "x", check=False)
+        expect(p.returncode == 2 and "no-such-dir" in p.stderr and sorted(os.listdir(d)) == ["job.yaml"],
+               "-o into a missing directory is refused, nothing written", p.returncode, p.stderr, os.listdir(d))
+    print(f"bad_input: {len(cases) + 3} bad inputs refused with exit 2, nothing written")
 
 
 def job_file():

@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <kft/core/atomic_file.hpp>
 #include <kft/core/timeout.hpp>
 #include <kft/discovery/json.hpp>
 #include <kft/kft.hpp>
@@ -252,6 +253,20 @@ void print_text(const kft::discovery_report& r, const nlohmann::json& host, cons
   std::cout << "kft:          " << build["version"].get<std::string>() << " (" << build["abi_namespace"].get<std::string>() << ")\n";
 }
 
+// "%r" -> the rank, "%%" -> "%"; any other "%" is kept as it is.
+std::string expand_rank(const std::string& pattern, int rank) {
+  std::string out;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '%' && i + 1 < pattern.size() && (pattern[i + 1] == 'r' || pattern[i + 1] == '%')) {
+      out += pattern[i + 1] == 'r' ? std::to_string(rank) : "%";
+      ++i;
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -261,6 +276,12 @@ int main(int argc, char** argv) {
   double topology_timeout = 5;
   app.add_flag("--json", json, "print one JSON object on one line (for scripts)");
   app.add_flag("--pretty", pretty, "with --json, indent the output");
+  std::string output;
+  app.add_option("--output,-o", output,
+                 "write the JSON (implies --json) to this file instead of standard output, all or nothing; "
+                 "%r becomes the rank (-o kft-info-%r.json): a launcher that relays output through a terminal "
+                 "(mpirun) or in pieces (srun) may interleave long lines of several ranks")
+      ->type_name("PATH");
   app.add_option("--mpi", mpi_mode,
                  "initialise MPI and ask MPI_COMM_WORLD: auto = when an MPI launcher's variables are present "
                  "and no torchrun/kftrun worker variables")
@@ -307,18 +328,24 @@ int main(int argc, char** argv) {
 #endif
     auto build = build_facts();
     build["timeout"] = timeout_facts(env);
-    if (json) {
+    if (json || !output.empty()) {
       nlohmann::json j = report;
       j["host"] = host;
       j["kft"] = build;
-      // One write() per rank: lines from several ranks sharing a pipe must not interleave.
+      // One write() per rank: lines of several ranks sharing a pipe do not interleave (up to
+      // PIPE_BUF = 4 KiB); a terminal (mpirun's relay) splits writes in 2 KiB pieces: --output.
       const std::string line = j.dump(pretty ? 2 : -1) + "\n";
-      std::fflush(stdout);
-      for (std::size_t done = 0; done < line.size();) {
-        const ssize_t n = ::write(STDOUT_FILENO, line.data() + done, line.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) throw kft::transport_error("writing to standard output failed", kft::error_site::of("kft-info"), errno);
-        done += static_cast<std::size_t>(n);
+      if (!output.empty()) {
+        kft::write_file_atomically(expand_rank(output, report.world.rank), line, "kft-info --output");
+      } else {
+        std::fflush(stdout);
+        for (std::size_t done = 0; done < line.size();) {
+          const ssize_t n = ::write(STDOUT_FILENO, line.data() + done, line.size() - done);
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0)
+            throw kft::transport_error("writing to standard output failed", kft::error_site::of("kft-info"), errno);
+          done += static_cast<std::size_t>(n);
+        }
       }
     } else {
       print_text(report, host, build);

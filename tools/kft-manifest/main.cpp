@@ -30,6 +30,7 @@
 #include <CLI/CLI.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include <kft/core/atomic_file.hpp>
 #include <kft/core/error.hpp>
 #include <kft/core/parse.hpp>
 #include <kft/manifest/job.hpp>
@@ -124,10 +125,15 @@ class job_file_reader {
     {
       std::ifstream f(path_, std::ios::binary);
       if (!f) bad_file(std::string("cannot be read: ") + std::strerror(errno));
-      std::ostringstream all;
-      all << f.rdbuf();
+      // Bounded: a job file is a few KB; /dev/zero or a mistaken multi-GB file must not fill memory.
+      constexpr std::size_t limit = std::size_t{16} << 20;
+      std::string chunk(1u << 16, '\0');
+      while (f && text_.size() <= limit) {
+        f.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+        text_.append(chunk.data(), static_cast<std::size_t>(f.gcount()));
+      }
       if (f.bad()) bad_file(std::string("cannot be read: ") + std::strerror(errno));
-      text_ = all.str();
+      if (text_.size() > limit) bad_file("is larger than 16 MiB: not a job file");
     }
     std::vector<YAML::Node> docs;
     try {
@@ -325,21 +331,10 @@ void write_out(const std::string& text, const std::string& path) {
     if (!std::cout) throw kft::transport_error("writing to standard output failed", kft::error_site::of("kft-manifest"));
     return;
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    f.close();
-    if (!f) {
-      std::filesystem::remove(tmp);
-      bad("-o", path, std::string("cannot be written: ") + std::strerror(errno));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    bad("-o", path, "cannot be written: " + ec.message());
+  try {
+    kft::write_file_atomically(path, text, "kft-manifest -o");
+  } catch (const kft::transport_error& e) {
+    bad("-o", path, std::string("cannot be written: ") + std::strerror(e.backend_code()));
   }
 }
 

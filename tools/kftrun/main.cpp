@@ -10,22 +10,9 @@
 #include <sys/prctl.h>
 
 #include <cstdio>
-#include <iostream>
-#include <thread>
+#include <variant>
 
-#include <CLI/CLI.hpp>
-
-#include <kft/core/parse.hpp>
-#include <kft/core/timeout.hpp>
-#include <kft/kft.hpp>
-#if KFT_WITH_CUDA
-#include <kft/topology/cuda.hpp>
-#endif
-#if KFT_WITH_HWLOC
-#include <kft/topology/hwloc.hpp>
-#endif
-
-#include "agent.hpp"
+#include "cli.hpp"
 
 namespace {
 
@@ -34,145 +21,12 @@ void on_signal(int sig) {
   kftrun::g_signal.compare_exchange_strong(expected, sig);
 }
 
-// --bind: one CPU list per local rank, planned with hwloc before any worker starts.
-std::vector<std::string> plan_bindings(const std::string& bind, int nproc) {
-  if (bind.empty() || bind == "none") return {};
-#if KFT_WITH_HWLOC
-  const auto policy = kft::topology::bind_policy_from_env(kft::environment({{"KFT_BIND", bind}}, "localhost"));
-  std::vector<std::string> out;
-  for (int l = 0; l < nproc; ++l) {
-    std::string bus;
-    if (policy == kft::topology::bind_policy::gpu) {
-#if KFT_WITH_CUDA
-      const auto inv = kft::topology::query_cuda_devices();
-      if (inv.devices.empty()) throw kft::config_error("--bind", bind, "needs a visible GPU (" + inv.status + ")");
-      bus = inv.devices[static_cast<std::size_t>(l) % inv.devices.size()].pci_bus_id;
-#else
-      throw kft::config_error("--bind", bind, "needs kft built with CUDA (KFT_WITH_CUDA=ON)");
-#endif
-    }
-    const auto b = kft::topology::plan_binding(l, nproc, policy, bus);
-    std::fprintf(stderr, "[kftrun] local rank %d: %s%s\n", l, b.cpuset.empty() ? "not bound: " : ("PUs " + b.cpuset + ", ").c_str(),
-                 b.reason.c_str());
-    out.push_back(b.cpuset);
-  }
-  return out;
-#else
-  throw kft::config_error("--bind", bind, "needs kft built with hwloc (KFT_WITH_HWLOC=ON)");
-#endif
-}
-
-// --nproc-per-node: a number, or auto (GPUs if any, else CPU cores), gpu, cpu.
-int resolve_nproc(const std::string& value) {
-  auto gpus = []() -> int {
-#if KFT_WITH_CUDA
-    return static_cast<int>(kft::topology::query_cuda_devices().devices.size());
-#else
-    return 0;
-#endif
-  };
-  auto cpus = [] { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); };
-  if (value == "auto") return gpus() > 0 ? gpus() : cpus();
-  if (value == "cpu") return cpus();
-  if (value == "gpu") {
-    const int n = gpus();
-    if (n == 0) throw kft::config_error("--nproc-per-node", value, "asks for one process per GPU, but no CUDA device is visible");
-    return n;
-  }
-  try {
-    return static_cast<int>(kft::detail::parse_integer("--nproc-per-node", value, 1, 1 << 16, ""));
-  } catch (const kft::config_error&) {
-    throw kft::config_error("--nproc-per-node", value, "is not a positive integer, auto, cpu or gpu");
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"kftrun: start a program on every node of a job, torchrun's way (docs/launching.md)"};
-  app.set_version_flag("--version", std::string("kftrun (kft ") + KFT_VERSION_STRING + ")");
-  kftrun::options o;
-  std::string nproc = "1";
-  double monitor = 0.1, grace = 5;
-  std::optional<double> rdzv_timeout, heartbeat;
-  std::string timeout_text;
-  bool standalone = false;
-  std::optional<int> port;
-  std::string log_dir;
-  app.add_option("--nproc-per-node,--nproc_per_node", nproc, "workers on this node: N, auto, cpu or gpu")
-      ->envname("PET_NPROC_PER_NODE")->capture_default_str();
-  std::string bind;
-  app.add_option("--bind", bind,
-                 "bind each worker's CPUs: none, core (an even share of the cores, spread over NUMA nodes), "
-                 "numa (its NUMA node), gpu (the cores nearest GPU local-rank %% GPUs)")
-      ->envname("KFT_BIND");
-  app.add_option("--nnodes", o.nnodes, "number of nodes (agents) in the job")->envname("PET_NNODES")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--node-rank,--node_rank", o.node_rank, "this node's index, 0..nnodes-1")->envname("PET_NODE_RANK")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--master-addr,--master_addr", o.master_addr, "address of node 0, where the store listens")
-      ->envname("PET_MASTER_ADDR")->capture_default_str();
-  app.add_option("--master-port,--master_port", port, "store port on node 0 (default: 29500; any free port on one node)")
-      ->envname("PET_MASTER_PORT")->check(CLI::Range(1, 65535));
-  app.add_option("--max-restarts,--max_restarts", o.max_restarts, "restart every worker group this many times at most")
-      ->envname("PET_MAX_RESTARTS")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--timeout", timeout_text,
-                 "the job's one timeout (seconds, or 90s, 2m, 1500ms): every wait's default derives from it "
-                 "(docs/reliability.md); passed to the workers as KFT_TIMEOUT [default: 300]")
-      ->envname("KFT_TIMEOUT");
-  app.add_option("--rdzv-timeout,--rdzv_timeout", rdzv_timeout, "seconds to wait for every node to join [default: --timeout]")
-      ->envname("PET_RDZV_TIMEOUT")->check(CLI::PositiveNumber);
-  app.add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", o.run_id, "job id shared by all agents")
-      ->envname("PET_RUN_ID")->capture_default_str();
-  app.add_option("--log-dir,--log_dir", log_dir, "write each rank's stdout/stderr under this directory")
-      ->envname("PET_LOG_DIR");
-  app.add_flag("--tee", o.tee, "with --log-dir, also relay output to the console")->envname("PET_TEE");
-  app.add_option("--monitor-interval,--monitor_interval", monitor, "seconds between checks of the workers")
-      ->envname("PET_MONITOR_INTERVAL")->check(CLI::Range(0.01, 60.0))->capture_default_str();
-  app.add_option("--heartbeat-timeout", heartbeat,
-                 "seconds without a heartbeat before an agent counts as dead [default: --timeout / 60, 2 to 30 s]")
-      ->envname("KFT_HEARTBEAT_TIMEOUT")->check(CLI::Range(0.5, 3600.0));
-  app.add_option("--term-grace", grace, "seconds between SIGTERM and SIGKILL when stopping workers")
-      ->envname("KFT_TERM_GRACE")->check(CLI::Range(0.0, 3600.0))->capture_default_str();
-  app.add_flag("--standalone", standalone, "single node, any free port (the default when --nnodes is 1)");
-  app.add_option("program", o.program, "the program and its arguments (after --)")->required();
-  app.positionals_at_end();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-
-  try {
-    o.nproc_per_node = resolve_nproc(nproc);
-    if (o.node_rank >= o.nnodes)
-      throw kft::config_error("--node-rank", std::to_string(o.node_rank),
-                              "is not below --nnodes=" + std::to_string(o.nnodes));
-    if (standalone && o.nnodes != 1)
-      throw kft::config_error("--standalone", "", "means a single node, but --nnodes=" + std::to_string(o.nnodes));
-    o.master_port = port ? *port : (o.nnodes == 1 ? 0 : 29500);
-    const auto derived = kft::derived_timeouts::from(
-        timeout_text.empty() ? kft::default_job_timeout : kft::detail::parse_duration("--timeout", timeout_text));
-    o.job_timeout = derived.job;
-    o.rdzv_timeout = rdzv_timeout ? std::chrono::milliseconds(static_cast<long long>(*rdzv_timeout * 1000)) : derived.job;
-    o.monitor_interval = std::chrono::milliseconds(static_cast<long long>(monitor * 1000));
-    o.heartbeat_timeout = heartbeat ? std::chrono::milliseconds(static_cast<long long>(*heartbeat * 1000)) : derived.heartbeat;
-    o.term_grace = std::chrono::milliseconds(static_cast<long long>(grace * 1000));
-    if (!log_dir.empty()) o.log_dir = log_dir;
-    o.cpusets = plan_bindings(bind, o.nproc_per_node);
-    if (const char* t = std::getenv("KFT_RDZV_TOKEN"); t != nullptr && *t != '\0') {
-      o.token = t;
-    } else if (o.nnodes == 1) {
-      o.token = kft::random_token();
-    } else {
-      throw kft::config_error("KFT_RDZV_TOKEN", "",
-                              "is not set: with --nnodes > 1 every agent must present the same secret to the store; "
-                              "set KFT_RDZV_TOKEN to one random value on all nodes (kft-manifest does)");
-    }
-  } catch (const kft::config_error& e) {
-    std::fprintf(stderr, "kftrun: %s\n", e.what());
-    return 2;
-  }
+  auto parsed = kftrun::parse_command_line(argc, argv);
+  if (const int* status = std::get_if<int>(&parsed)) return *status;
+  auto o = std::get<kftrun::options>(std::move(parsed));
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;

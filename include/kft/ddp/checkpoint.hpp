@@ -33,6 +33,7 @@
 #include <system_error>
 #include <vector>
 
+#include <kft/core/atomic_file.hpp>
 #include <kft/core/error.hpp>
 #include <kft/core/namespace.hpp>
 
@@ -170,53 +171,16 @@ inline std::string checkpoint_name(std::uint64_t step) {
 }
 
 /// @brief Called while a checkpoint is written: (bytes written, bytes in all).
-using write_progress = std::function<void(std::size_t, std::size_t)>;
+using write_progress = kft::write_progress;
 
-/// @brief Writes `bytes` to `dir`/`name` atomically (temporary file, fsync, rename, fsync of
-/// the directory). @throws transport_error naming the path and errno's text
+/// @brief Writes `bytes` to `dir`/`name` atomically (kft/core/atomic_file.hpp: temporary file,
+/// fsync, rename, fsync of the directory). @throws transport_error naming the path and errno's text
 inline void write_atomic(const std::filesystem::path& dir, const std::string& name, std::span<const unsigned char> bytes,
                          const write_progress& progress = {}) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  const auto final_path = dir / name;
-  const auto tmp = dir / ("." + name + ".tmp-" + std::to_string(::getpid()));
-  auto fail = [&](const std::string& what, int err) {
-    throw transport_error("checkpoint: " + what + " " + tmp.string() + ": " + std::strerror(err),
-                          error_site::of("checkpoint write"), err);
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create", errno);
-  std::size_t done = 0;
-  const std::size_t chunk = 1u << 20;
-  while (done < bytes.size()) {
-    const std::size_t n = std::min(chunk, bytes.size() - done);
-    const ssize_t w = ::write(fd, bytes.data() + done, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail("cannot write", e);
-    }
-    done += static_cast<std::size_t>(w);
-    if (progress) progress(done, bytes.size());
-  }
-  if (::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    fail("cannot fsync", e);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    fail("cannot rename to " + final_path.string() + ":", e);
-  }
-  if (const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
-    ::fsync(d);
-    ::close(d);
-  }
+  std::filesystem::create_directories(dir, ec);  // a failure shows as the write below failing
+  write_file_atomically(dir / name, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                        "checkpoint", progress);
 }
 
 /// @brief The step of a checkpoint file name, none for other names (temporary files included).

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include <kft/core/atomic_file.hpp>
 #include <kft/core/environment.hpp>
 #include <kft/core/error.hpp>
 
@@ -97,28 +98,26 @@ class timeline {
   void write() {
     if (dir_.empty() || written_ == events_.size()) return;
     const std::string path = dir_ + "/timeline-rank" + std::to_string(rank_) + ".json";
-    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-    std::FILE* f = std::fopen(tmp.c_str(), "w");
-    if (!f) throw transport_error("cannot write the timeline " + tmp, error_site::of("ddp timeline"), errno);
     std::int64_t t0 = events_.empty() ? 0 : events_.front().begin_ns;
     for (const auto& e : events_) t0 = std::min(t0, e.begin_ns);
-    std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"rank\":%d,\"t0_ns\":%lld},\"traceEvents\":[\n", rank_,
-                 static_cast<long long>(t0));
+    std::string out = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"rank\":" + std::to_string(rank_) +
+                      ",\"t0_ns\":" + std::to_string(t0) + "},\"traceEvents\":[\n";
+    char num[64];
+    auto us = [&](std::int64_t ns) {  // microseconds, three decimals
+      std::snprintf(num, sizeof num, "%.3f", static_cast<double>(ns) / 1e3);
+      return std::string(num);
+    };
     for (std::size_t i = 0; i < events_.size(); ++i) {
       const auto& e = events_[i];
-      const double ts = static_cast<double>(e.begin_ns - t0) / 1e3;  // microseconds
-      std::fprintf(f, "%s{\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":\"%s\",", i ? ",\n" : "", escaped(e.name).c_str(),
-                   e.track, rank_, e.track);
-      if (e.end_ns > 0) std::fprintf(f, "\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f}", ts, static_cast<double>(e.end_ns - e.begin_ns) / 1e3);
-      else std::fprintf(f, "\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f}", ts);
+      const std::string track = e.track, pid = std::to_string(rank_);
+      out += (i ? ",\n" : "");
+      out += "{\"name\":\"" + escaped(e.name) + "\",\"cat\":\"" + track + "\",\"pid\":" + pid + ",\"tid\":\"" +
+             track + "\",";
+      if (e.end_ns > 0) out += "\"ph\":\"X\",\"ts\":" + us(e.begin_ns - t0) + ",\"dur\":" + us(e.end_ns - e.begin_ns) + "}";
+      else out += "\"ph\":\"i\",\"s\":\"t\",\"ts\":" + us(e.begin_ns - t0) + "}";
     }
-    std::fprintf(f, "\n]}\n");
-    const bool ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-    std::fclose(f);
-    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-      std::remove(tmp.c_str());
-      throw transport_error("cannot write the timeline " + path, error_site::of("ddp timeline"), errno);
-    }
+    out += "\n]}\n";
+    write_file_atomically(path, out, "ddp timeline");
     written_ = events_.size();
   }
 
