@@ -264,6 +264,9 @@ def bad_input():
         (["--nnodes", "2", "--", "true"], {}, 'KFT_RDZV_TOKEN="" is not set'),
         (["--max-restarts", "-1", "--", "true"], {}, "--max-restarts"),
         (["--nproc-per-node", "2"], {}, "program"),
+        # Found by fuzz.kftrun_args: seconds that overflow (undefined behaviour) or round to 0 ms.
+        (["--rdzv-timeout", "1e300", "--", "true"], {}, "--rdzv-timeout"),
+        (["--rdzv-timeout", "0.0000001", "--", "true"], {}, "--rdzv-timeout"),
     ]:
         p, _ = run(args, **extra)
         expect(p.returncode == 2 and text in p.stderr, f"refused with exit 2: {' '.join(args)}", p.returncode, p.stderr)
