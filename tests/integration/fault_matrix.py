@@ -25,13 +25,12 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-from procs import marked_processes
+from procs import files_under, free_port, kft_shm, listening, marked_processes
 
 KFTRUN, WORKER, PHASE = sys.argv[1], sys.argv[2], sys.argv[3]
 MARK = "fault-" + str(random.randint(10**8, 10**9))
@@ -49,30 +48,8 @@ def expect(cond, what, *context):
             print("   ", str(c)[-3000:])
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def job_processes():
     return marked_processes(MARK)
-
-
-def kft_shm():
-    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("kft-"))
-
-
-def files_under(root):
-    """Every file and directory below `root` (each case's private TMPDIR / XDG_RUNTIME_DIR)."""
-    return sorted(os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files)
-
-
-
-def listening(port):
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def env(private=None):

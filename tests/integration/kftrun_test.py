@@ -4,7 +4,9 @@
     kftrun_test.py KFTRUN KFT_INFO SCENARIO
 
 Each scenario asserts what a user would check by hand: exit status, the message, how long it
-took, and that no process of the job is left behind.
+took. After every scenario, whatever its path: no process of it is left (agents included),
+nothing new in /dev/shm, nothing listening on a port it used, and nothing in the TMPDIR /
+XDG_RUNTIME_DIR its jobs ran with (a private directory per scenario).
 """
 import os
 import random
@@ -15,20 +17,26 @@ import sys
 import tempfile
 import time
 
-from procs import marked_processes
+import procs
+from procs import files_under, kft_shm, listening, marked_processes
 
 KFTRUN, KFT_INFO, SCENARIO = sys.argv[1], sys.argv[2], sys.argv[3]
 MARK = str(random.randint(10**8, 10**9))  # unique argument to find this test's processes
 
 
+PRIVATE = tempfile.mkdtemp(prefix="kftrun-test-tmp-")  # every job's TMPDIR and XDG_RUNTIME_DIR
+PORTS = []  # every port a scenario gave a job: nothing may listen on one afterwards
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    port = procs.free_port()
+    PORTS.append(port)
+    return port
 
 
 def env(**extra):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "KFT_", "RANK", "WORLD_SIZE", "TORCHELASTIC"))}
+    e["TMPDIR"] = e["XDG_RUNTIME_DIR"] = PRIVATE
     e.update({k: str(v) for k, v in extra.items()})
     return e
 
@@ -556,11 +564,30 @@ SCENARIOS = {f.__name__: f for f in [
     sigterm_during_gang_start, daemon_left_behind, stopped_worker, store_flood, store_oversized_hello,
     store_log_injection, unbounded_output]}
 
+def nothing_left(shm_before):
+    """After every scenario, on every path: no process (agents included), no /dev/shm entry, no
+    listener on a port the scenario used, nothing in the jobs' TMPDIR / XDG_RUNTIME_DIR."""
+    deadline = time.monotonic() + 3
+    while marked_processes(MARK) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = marked_processes(MARK)
+    expect(not left, "afterwards: no process of the scenario is left, agents included", *left)
+    new = [f for f in kft_shm() if f not in shm_before]
+    expect(not new, "afterwards: nothing new in /dev/shm", new)
+    busy = [p for p in PORTS if listening(p)]
+    expect(not busy, f"afterwards: nothing listens on the {len(PORTS)} port(s) the scenario used", busy)
+    files = files_under(PRIVATE)
+    expect(not files, "afterwards: no file left in the jobs' TMPDIR and XDG_RUNTIME_DIR", files)
+    os.rmdir(PRIVATE)
+
+
 if __name__ == "__main__":
+    shm_before = kft_shm()
     try:
         SCENARIOS[SCENARIO]()
+        nothing_left(shm_before)
     finally:
-        for line in leftovers():  # never leave anything behind, even on failure
+        for line in marked_processes(MARK):  # never leave anything behind, even on failure
             try:
                 os.kill(int(line.split(":")[0]), signal.SIGKILL)
             except (ProcessLookupError, ValueError):
