@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <kft/core/atomic_file.hpp>
@@ -62,6 +63,52 @@ kft::manifest::gang parse_gang(const std::string& option, const std::string& s) 
 // "line 4, column 8": yaml-cpp counts from 0, people from 1.
 std::string line_of(const YAML::Mark& m) {
   return "line " + std::to_string(m.line + 1) + ", column " + std::to_string(m.column + 1);
+}
+
+// yaml-cpp 0.7 (Debian 12's) never returns from LoadAll on some malformed streams: a token that
+// cannot start a node where one is expected (a `,` at the top level: `, name: x`) makes the
+// parser report an empty document without consuming the token, again and again, allocating a
+// node each time until memory runs out (jbeder/yaml-cpp#1040; fixed upstream after 0.8 by #1319).
+// This pass walks the documents' events first and stops at an empty document reported where the
+// previous one was (no progress); each document consumes at least one byte otherwise, so the
+// document count is bounded by the text's length too. Returns the mark of the stuck token.
+std::optional<YAML::Mark> stuck_parser_at(const std::string& text) {
+  class events final : public YAML::EventHandler {
+   public:
+    bool only_null = true;
+    YAML::Mark mark;
+    void OnDocumentStart(const YAML::Mark& m) override {
+      only_null = true;
+      mark = m;
+    }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark& m, YAML::anchor_t) override { mark = m; }
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override { only_null = false; }
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {
+      only_null = false;
+    }
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+      only_null = false;
+    }
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+      only_null = false;
+    }
+    void OnMapEnd() override {}
+  };
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  events e;
+  std::optional<int> last_empty_at;
+  for (std::size_t docs = 0; parser.HandleNextDocument(e); ++docs) {
+    if (e.only_null) {
+      if (last_empty_at == e.mark.pos || docs > text.size() + 1) return e.mark;
+      last_empty_at = e.mark.pos;
+    } else {
+      last_empty_at.reset();
+    }
+  }
+  return std::nullopt;
 }
 
 // A list or a mapping in flow style ("[1, {a: b}]"), up to about `budget` bytes.
@@ -137,6 +184,11 @@ class job_file_reader {
     }
     std::vector<YAML::Node> docs;
     try {
+      if (const auto at = stuck_parser_at(text_)) {
+        const auto pos = static_cast<std::size_t>(std::max(at->pos, 0));
+        const std::string token = pos < text_.size() ? text_.substr(pos, 1) : std::string("end of file");
+        bad_file("is not valid YAML: " + line_of(*at) + ": unexpected '" + shown(token, 8) + "' where a value should start");
+      }
       docs = YAML::LoadAll(text_);
     } catch (const YAML::Exception& e) {
       bad_file("is not valid YAML: " + line_of(e.mark) + ": " + e.msg);
