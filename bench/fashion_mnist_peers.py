@@ -6,6 +6,8 @@
 Runs, with the same MLP (784-256-128-10), data (Debian's dataset-fashion-mnist), batch (64 per
 rank), SGD (lr 0.05, momentum 0.9), epochs, evaluation schedule (4 per epoch) and target (87%):
   kft, 1 rank and 2 ranks (kftrun, shared memory), 1 BLAS thread per rank;
+  kft + libtorch (examples/07-libtorch-ddp: the model in libtorch, wrapped in
+    kft::libtorch::distributed_data_parallel, torch::optim::SGD), 1 and 2 ranks, when it was built;
   PyTorch, 1 process and DDP (gloo, 2 ranks, torchrun), torch.set_num_threads(1);
 both sides on OpenBLAS (the script checks what torch loaded and says so). Then the wide MLP
 (4 x 1024 hidden) for 200 steps on 1 and 2 ranks, for weak scaling only. Prints a Markdown
@@ -68,6 +70,18 @@ def kft(build, ranks, extra):
             "samples_per_s": s["samples_per_s"], "train_seconds": s["train_seconds"]}
 
 
+def kft_libtorch(build, ranks, extra):
+    log = tempfile.mktemp(prefix="kft-libtorch-", suffix=".json")
+    exe = os.path.join(build, "examples", "07-libtorch-ddp")
+    args = [exe, "--threads", "1", "--quiet", "--log-json", log] + extra
+    cmd = args if ranks == 1 else [os.path.join(build, "tools", "kftrun"), "--nproc-per-node", str(ranks), "--"] + args
+    run(cmd)
+    with open(log) as f:
+        s = json.loads(f.read())
+    os.unlink(log)
+    return dict(s, peer="kft-libtorch")
+
+
 def torch(ranks, extra):
     script = os.path.join(here, "fashion_mnist_torch.py")
     if ranks == 1:
@@ -103,6 +117,10 @@ def main():
     t1 = median_of(lambda: torch(1, common))
     k2 = median_of(lambda: kft(a.build, 2, common))
     t2 = median_of(lambda: torch(2, common))
+    with_lt = os.path.exists(os.path.join(a.build, "examples", "07-libtorch-ddp"))
+    if with_lt:
+        l1 = median_of(lambda: kft_libtorch(a.build, 1, common))
+        l2 = median_of(lambda: kft_libtorch(a.build, 2, common))
     w_k1, w_t1 = median_of(lambda: kft(a.build, 1, wide)), median_of(lambda: torch(1, wide))
     w_k2, w_t2 = median_of(lambda: kft(a.build, 2, wide)), median_of(lambda: torch(2, wide))
 
@@ -115,8 +133,11 @@ def main():
     print()
     print("| run | ranks | s/epoch | time to 87% (s) | final test acc | samples/s | weak-scaling eff. |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, r, e in (("kft", k1, None), ("kft (kftrun, shm)", k2, eff(k1, k2)),
-                       ("PyTorch 1 process", t1, None), ("PyTorch DDP (gloo, torchrun)", t2, eff(t1, t2))):
+    rows = [("kft", k1, None), ("kft (kftrun, shm)", k2, eff(k1, k2))]
+    if with_lt:
+        rows += [("kft + libtorch model", l1, None), ("kft + libtorch model (kftrun, shm)", l2, eff(l1, l2))]
+    rows += [("PyTorch 1 process", t1, None), ("PyTorch DDP (gloo, torchrun)", t2, eff(t1, t2))]
+    for name, r, e in rows:
         print(f"| {name} | {r['ranks']} | {r['seconds_per_epoch']:.2f} | {fmt(r['seconds_to_target'])} | "
               f"{r['final_accuracy']:.4f} | {r['samples_per_s']:.0f} | {'-' if e is None else f'{100 * e:.0f}%'} |")
     print()
@@ -130,6 +151,11 @@ def main():
               f"/ PyTorch 1 process: {k2['seconds_to_target'] / t1['seconds_to_target']:.2f} (target <= 0.7)")
     else:
         print("a run did not reach 87%: no time-to-target ratio")
+    if with_lt and l2["seconds_to_target"] and t2["seconds_to_target"]:
+        print(f"kft + libtorch 2 ranks time to 87% / PyTorch DDP: {l2['seconds_to_target'] / t2['seconds_to_target']:.2f} "
+              f"(target <= 0.5); seconds per epoch: {l2['seconds_per_epoch'] / t2['seconds_per_epoch']:.2f}")
+    elif not with_lt:
+        print("examples/07-libtorch-ddp not built (libtorch-dev missing): no libtorch rows")
     for h in hangs:
         print(f"note: a run hung (no progress within the limit) and was repeated: {h}")
 

@@ -9,6 +9,11 @@ python3-torch under /usr/bin/python3), as one process or as DDP (gloo) under tor
 Prints one JSON line (rank 0): seconds per epoch, time to the target (training time, the
 evaluations excluded, as kft's trainer counts it), final accuracy, samples/s, the BLAS torch
 loaded and its thread count.
+
+It is also the reference of tests/integration/libtorch_equivalence.py: `--no-shuffle` takes the
+samples in file order (DistributedSampler(shuffle=False)), `--init-out` / `--final-out` make rank 0
+write the parameters before the first and after the last step (raw little-endian f32 in
+named_parameters() order), and `--max-steps` stops early.
 """
 import argparse
 import gzip
@@ -53,6 +58,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
+    ap.add_argument("--no-shuffle", action="store_true", help="samples in file order")
+    ap.add_argument("--init-out", help="rank 0 writes the initial parameters here (raw f32)")
+    ap.add_argument("--final-out", help="rank 0 writes the final parameters here (raw f32)")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -72,6 +80,15 @@ def main():
         if i + 2 < len(widths):
             layers.append(nn.ReLU())
     model = nn.Sequential(*layers)
+
+    def save(path):
+        if path and rank == 0:
+            with open(path + ".tmp", "wb") as f:
+                for p in model.parameters():
+                    f.write(p.detach().contiguous().numpy().astype("<f4").tobytes())
+            os.replace(path + ".tmp", path)
+
+    save(a.init_out)
     net = nn.parallel.DistributedDataParallel(model) if ddp else model
     opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=a.momentum)
     lossf = nn.CrossEntropyLoss()
@@ -103,9 +120,12 @@ def main():
     for epoch in range(a.epochs):
         if done:
             break
-        g = torch.Generator()
-        g.manual_seed(a.seed + epoch)
-        perm = torch.randperm(n, generator=g)
+        if a.no_shuffle:
+            perm = torch.arange(n)
+        else:
+            g = torch.Generator()
+            g.manual_seed(a.seed + epoch)
+            perm = torch.randperm(n, generator=g)
         perm = torch.cat([perm, perm[: per_rank * world - n]])[rank::world]  # DistributedSampler's rule
         t_epoch = 0.0
         t0 = time.perf_counter()
@@ -130,6 +150,7 @@ def main():
             if done:
                 break
         epoch_s.append(t_epoch)
+    save(a.final_out)
     if rank == 0:
         print(json.dumps({
             "peer": "pytorch-ddp-gloo" if ddp else "pytorch-1-process", "ranks": world, "torch": torch.__version__,
@@ -138,6 +159,7 @@ def main():
             "seconds_to_target": to_target, "final_accuracy": acc,
             "steps": step, "samples_per_s": step * a.batch * world / train_s}), flush=True)
     if ddp:
+        dist.barrier()  # both ranks are done before either tears gloo down
         dist.destroy_process_group()
 
 

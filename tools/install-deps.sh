@@ -23,6 +23,7 @@ test_pkgs=(libboost-test-dev
            mpich                                       # mpirun.mpich: a launcher that is not kft's MPI (mix-up tests)
            python3-jsonschema python3-yaml             # manifest validation against the real CRDs
            libbenchmark-dev                            # bench/ddp_micro, Google Benchmark (smoke-tested)
+           libtorch-dev                                # kft::libtorch: example 07 and its tests (PyTorch's C++ frontend)
            clang libclang-rt-14-dev)                   # libFuzzer targets (tests/fuzz; the runtime is its own package)
 
 bench_pkgs=(python3-matplotlib)                        # bench/plot_perf.py (Debian's /usr/bin/python3)

@@ -120,6 +120,9 @@ int run(int argc, char** argv) {
   app.add_option("--evals-per-epoch", evals_per_epoch, "test evaluations per epoch")->check(CLI::Range(1, 100))->capture_default_str();
   app.add_option("--threads", threads, "BLAS threads per rank (default: cores / ranks on the node)")->check(CLI::Range(1, 1024));
   app.add_option("--bucket-cap-mib", bucket_cap_mib, "the reducer's bucket cap")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--zero", to.zero_stage, "ZeRO stage: 0 replicates the optimizer state, 1 shards it across the ranks")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
   app.add_flag("--deterministic", to.deterministic, "bit-identical results for any number of ranks dividing --micro-shards");
   app.add_option("--global-batch", to.global_batch, "deterministic: samples per step over all ranks (default batch x ranks)");
   app.add_option("--micro-shards", to.micro_shards, "deterministic: fixed shards per global batch (default: ranks)");

@@ -33,6 +33,9 @@ ALLOWED = {
     "manifest/": CORE,
     "ddp/": CORE + ["kernels/", "async/", "transport/concepts.hpp", "transport/checks.hpp",
                     "transport/typed_collectives.hpp", "group/process_group.hpp"],
+    # a framework's modules on the DDP layer (libtorch): the DDP layer and what it may include
+    "libtorch/": CORE + ["kernels/", "async/", "transport/concepts.hpp", "transport/checks.hpp",
+                         "transport/typed_collectives.hpp", "group/process_group.hpp", "ddp/"],
 }
 # Headers that may read the environment: the ones that exist to turn it into settings
 # (core/timeout.hpp: KFT_TIMEOUT, the one default every transport's deadlines derive from).

@@ -19,34 +19,16 @@
 #include <kft/transport/shm/communicator.hpp>
 
 #include "../common/reference.hpp"
+#include "../common/shm_ranks.hpp"
 
 using namespace std::chrono_literals;
 namespace ddp = kft::ddp;
 
 namespace {
 
-// Runs body(group) on p rank threads, each with a process group over its own shm communicator;
-// returns the first exception text per rank ("" when none).
 std::vector<std::string> with_ranks(int p, const std::function<void(kft::group::process_group&)>& body,
                                     std::size_t pool = 64u << 20, std::chrono::milliseconds timeout = 30s) {
-  auto store = std::make_shared<kft::rendezvous::memory_store>();
-  std::vector<std::string> errors(static_cast<std::size_t>(p));
-  std::vector<std::thread> t;
-  for (int r = 0; r < p; ++r)
-    t.emplace_back([&, r] {
-      try {
-        kft::shm::config c;
-        c.name = "ddp";
-        c.pool_bytes = pool;
-        c.timeout = timeout;
-        kft::group::process_group g(kft::shm::communicator(store, r, p, c), "shm");
-        body(g);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& x : t) x.join();
-  return errors;
+  return kft_test::with_shm_ranks(p, body, {.pool = pool, .timeout = timeout});
 }
 
 bool none(const std::vector<std::string>& errors) {

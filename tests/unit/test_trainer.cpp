@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <string_view>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -28,6 +30,7 @@
 #include <kft/rendezvous/memory_store.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
+#include "../common/shm_ranks.hpp"
 #include "../../examples/05-fashion-mnist/idx.hpp"
 #include "../../examples/05-fashion-mnist/mlp.hpp"
 
@@ -39,27 +42,8 @@ namespace {
 
 std::atomic<int> segment_counter{0};
 
-// Runs body(group) on p rank threads; returns each rank's exception text ("" when none).
 std::vector<std::string> with_ranks(int p, const std::function<void(kft::group::process_group&)>& body) {
-  auto store = std::make_shared<kft::rendezvous::memory_store>();
-  const std::string name = "trainer" + std::to_string(::getpid()) + "_" + std::to_string(segment_counter++);
-  std::vector<std::string> errors(static_cast<std::size_t>(p));
-  std::vector<std::thread> t;
-  for (int r = 0; r < p; ++r)
-    t.emplace_back([&, r] {
-      try {
-        kft::shm::config c;
-        c.name = name;
-        c.pool_bytes = 16u << 20;
-        c.timeout = 60s;
-        kft::group::process_group g(kft::shm::communicator(store, r, p, c), "shm");
-        body(g);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& x : t) x.join();
-  return errors;
+  return kft_test::with_shm_ranks(p, body, {.pool = 16u << 20, .timeout = 60s});
 }
 
 bool none(const std::vector<std::string>& errors) {
@@ -666,4 +650,187 @@ BOOST_AUTO_TEST_CASE(bad_options_are_refused_with_their_values) {
   for (const auto& e : errs) BOOST_TEST(e.find("micro_shards (3) to be a multiple of the number of ranks (2)") != std::string::npos, e);
   BOOST_CHECK_THROW(ddp::sgd({.lr = -1.0f}), kft::usage_error);
   BOOST_CHECK_THROW(ddp::adam({.beta1 = 1.0f}), kft::usage_error);
+}
+
+// ---- ZeRO stage 1 -------------------------------------------------------------------------
+
+namespace {
+
+// A process group that counts the bytes each rank sends, in the bus model nccl-tests uses:
+// allreduce 2 (N-1)/N of the buffer, reduce-scatter and allgather (N-1)/N of the whole, a
+// broadcast the buffer. Everything else is forwarded.
+struct counting_group {
+  kft::group::process_group& g;
+  double bytes = 0.0;
+  int rank() const { return g.rank(); }
+  int size() const { return g.size(); }
+  std::uint64_t sequence() const { return g.sequence(); }
+  std::string description() const { return g.description(); }
+  void* allocate_shared(std::size_t b) { return g.allocate_shared(b); }
+  kft::error_site next_site(kft::collective c) const { return g.next_site(c); }
+  double frac() const { return static_cast<double>(g.size() - 1) / g.size(); }
+  void add(double b) { bytes += b; }
+  void allreduce(const void* i, void* o, std::size_t n, kft::dtype t, kft::op_kind op, const kft::options& opt) {
+    add(2 * frac() * static_cast<double>(n * kft::size_of(t)));
+    g.allreduce(i, o, n, t, op, opt);
+  }
+  void broadcast(const void* i, void* o, std::size_t n, kft::dtype t, int root, const kft::options& opt) {
+    add(static_cast<double>(n * kft::size_of(t)));
+    g.broadcast(i, o, n, t, root, opt);
+  }
+  void reduce_scatter(const void* i, void* o, std::size_t n, kft::dtype t, kft::op_kind op, const kft::options& opt) {
+    add(frac() * static_cast<double>(n * g.size() * kft::size_of(t)));
+    g.reduce_scatter(i, o, n, t, op, opt);
+  }
+  void allgather(const void* i, void* o, std::size_t n, kft::dtype t, const kft::options& opt) {
+    add(frac() * static_cast<double>(n * g.size() * kft::size_of(t)));
+    g.allgather(i, o, n, t, opt);
+  }
+  void barrier(const kft::options& opt) { g.barrier(opt); }
+  void abort(std::string_view why) noexcept { g.abort(why); }
+  auto allreduce_async(const void* i, void* o, std::size_t n, kft::dtype t, kft::op_kind op, const kft::options& opt) {
+    add(2 * frac() * static_cast<double>(n * kft::size_of(t)));
+    return g.allreduce_async(i, o, n, t, op, opt);
+  }
+  auto broadcast_async(const void* i, void* o, std::size_t n, kft::dtype t, int root, const kft::options& opt) {
+    add(static_cast<double>(n * kft::size_of(t)));
+    return g.broadcast_async(i, o, n, t, root, opt);
+  }
+  auto reduce_scatter_async(const void* i, void* o, std::size_t n, kft::dtype t, kft::op_kind op, const kft::options& opt) {
+    add(frac() * static_cast<double>(n * g.size() * kft::size_of(t)));
+    return g.reduce_scatter_async(i, o, n, t, op, opt);
+  }
+  auto allgather_async(const void* i, void* o, std::size_t n, kft::dtype t, const kft::options& opt) {
+    add(frac() * static_cast<double>(n * g.size() * kft::size_of(t)));
+    return g.allgather_async(i, o, n, t, opt);
+  }
+  auto barrier_async(const kft::options& opt) { return g.barrier_async(opt); }
+};
+static_assert(kft::async_communicator<counting_group>);
+
+struct zero_run {
+  std::vector<float> params;
+  std::uint64_t hash = 0;
+  std::size_t state_bytes = 0;
+  double bytes = 0.0;
+  std::uint64_t resumed_from = 0;
+};
+
+// Trains small_model() for `steps` steps on `world` ranks; rank 0's results.
+template <class Opt>
+zero_run train_zero(int world, int zero, Opt make_opt, ddp::trainer_options o) {
+  zero_run out;
+  auto errs = with_ranks(world, [&](kft::group::process_group& pg) {
+    counting_group g{pg};
+    auto m = small_model();
+    auto opt = make_opt();
+    o.zero_stage = zero;
+    o.quiet = true;
+    ddp::trainer t(g, m, opt, o);
+    const double before = g.bytes;  // (the start: broadcasts of parameters and state)
+    const auto sum = t.fit(train_set().n, test_set().n);
+    if (g.rank() == 0) {
+      out.resumed_from = sum.resumed_from;
+      out.params = flat(m);
+      out.hash = t.parameters_hash();
+      out.state_bytes = t.optimizer_state_bytes();
+      out.bytes = g.bytes - before;
+    }
+  });
+  BOOST_TEST(none(errs));
+  return out;
+}
+
+auto make_sgd = [] { return ddp::sgd({.lr = 0.05f, .momentum = 0.9f}); };
+auto make_adamw = [] { return ddp::adam({.lr = 0.01f, .weight_decay = 0.01f}); };
+
+ddp::trainer_options zero_opts(std::uint64_t batch) {
+  ddp::trainer_options o;
+  o.batch = batch;
+  o.epochs = 2;
+  o.max_steps = 30;
+  o.verify_every = 10;
+  o.reducer.limits = {.first_bucket_bytes = 2048, .bucket_bytes_cap = 4096};  // several buckets, params split
+  return o;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(zero1_ends_where_the_replicated_optimizer_ends) {
+  for (int world : {2, 3}) {
+    for (bool adam : {false, true}) {
+      auto o = zero_opts(16);
+      const auto rep = adam ? train_zero(world, 0, make_adamw, o) : train_zero(world, 0, make_sgd, o);
+      const auto zero = adam ? train_zero(world, 1, make_adamw, o) : train_zero(world, 1, make_sgd, o);
+      BOOST_REQUIRE(rep.params.size() == zero.params.size());
+      double worst = 0, scale = 0;
+      std::size_t bits = 0;
+      for (std::size_t i = 0; i < rep.params.size(); ++i) {
+        worst = std::max(worst, static_cast<double>(std::fabs(rep.params[i] - zero.params[i])));
+        scale = std::max(scale, static_cast<double>(std::fabs(rep.params[i])));
+        bits += std::memcmp(&rep.params[i], &zero.params[i], 4) != 0;
+      }
+      BOOST_TEST_MESSAGE(world << " ranks, " << (adam ? "adamw" : "sgd") << ": ZeRO-1 vs replicated max |diff| "
+                               << worst << ", " << bits << " of " << rep.params.size() << " values differ in a bit");
+      BOOST_TEST(worst <= 1e-5 * scale, world << " ranks, " << (adam ? "adamw" : "sgd"));
+    }
+  }
+  // Deterministic mode: the same bits, sharded or not, on 2 and 3 ranks.
+  ddp::trainer_options o = zero_opts(16);
+  o.deterministic = true;
+  o.global_batch = 48;
+  o.micro_shards = 6;
+  const auto base = train_zero(1, 0, make_adamw, o);
+  for (int world : {2, 3}) {
+    const auto z = train_zero(world, 1, make_adamw, o);
+    BOOST_TEST(z.hash == base.hash, "deterministic ZeRO-1 on " << world << " ranks vs 1 rank unsharded");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(zero1_holds_a_shard_of_the_state_and_moves_an_allreduces_bytes) {
+  for (int world : {2, 3}) {
+    auto o = zero_opts(16);
+    const auto rep = train_zero(world, 0, make_adamw, o);
+    const auto zero = train_zero(world, 1, make_adamw, o);
+    // padding: at most N - 1 elements per bucket per state buffer
+    const std::size_t slack = 2 * 16 * static_cast<std::size_t>(world) * sizeof(float);
+    BOOST_TEST_MESSAGE(world << " ranks: optimizer state " << rep.state_bytes << " B replicated, " << zero.state_bytes
+                             << " B with ZeRO-1 (1/N = " << rep.state_bytes / world << "); bytes sent per rank "
+                             << rep.bytes << " vs " << zero.bytes << " (" << 100.0 * (zero.bytes / rep.bytes - 1.0) << "%)");
+    BOOST_TEST(zero.state_bytes <= rep.state_bytes / static_cast<std::size_t>(world) + slack);
+    BOOST_TEST(zero.state_bytes * static_cast<std::size_t>(world) >= rep.state_bytes);  // nothing left out
+    BOOST_TEST(std::fabs(zero.bytes / rep.bytes - 1.0) <= 0.01);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(zero1_checkpoints_resume_on_1_and_3_ranks) {
+  temp_dir d;
+  auto opts = [&](std::uint64_t max_steps) {
+    ddp::trainer_options o;
+    o.deterministic = true;
+    o.global_batch = 48;
+    o.micro_shards = 6;
+    o.epochs = 2;
+    o.max_steps = max_steps;
+    o.checkpoint_dir = d.path;
+    o.checkpoint_every = 5;
+    o.resume = true;
+    o.reducer.limits = {.first_bucket_bytes = 2048, .bucket_bytes_cap = 4096};
+    return o;
+  };
+  const auto unbroken = train_zero(2, 1, make_adamw, opts(24));
+  fs::remove_all(d.path);
+  train_zero(2, 1, make_adamw, opts(10));  // ZeRO-1 on 2 ranks writes step 10
+  BOOST_TEST(ddp::checkpoint_steps(d.path).front() == 10u);
+  const fs::path saved = d.path.string() + ".saved";
+  fs::copy(d.path, saved);
+  const auto one = train_zero(1, 0, make_adamw, opts(24));  // unsharded on 1 rank
+  fs::remove_all(d.path);
+  fs::copy(saved, d.path);
+  const auto three = train_zero(3, 1, make_adamw, opts(24));  // sharded over 3
+  fs::remove_all(saved);
+  BOOST_TEST(one.resumed_from == 10u);  // (a fresh start would end with the same bits: deterministic mode)
+  BOOST_TEST(three.resumed_from == 10u);
+  BOOST_TEST(one.hash == unbroken.hash);
+  BOOST_TEST(three.hash == unbroken.hash);
 }

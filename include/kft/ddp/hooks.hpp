@@ -31,7 +31,8 @@ struct bucket_view {
   std::size_t index = 0;  ///< bucket number (launch order)
   dtype type = dtype::f32;
   void* data = nullptr;   ///< the bucket's gradients, contiguous
-  std::size_t count = 0;  ///< elements
+  std::size_t count = 0;  ///< elements (a multiple of reducer_options::bucket_multiple)
+  std::size_t used = 0;   ///< elements holding gradients; [used, count) is zero padding
   bool last = false;      ///< the step's last bucket
   options opts;           ///< what the reducer's collectives carry (the layout's fingerprint as tag, timeout)
 };

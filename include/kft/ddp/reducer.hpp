@@ -71,6 +71,9 @@ struct reducer_options {
   /// arrival orders.
   bool deterministic = false;
   bool shared_storage = true;  ///< bucket storage inside the group's shared segment when it has room
+  /// Each bucket's storage holds a multiple of this many elements (the tail after the last
+  /// gradient is zero padding): a hook that reduce-scatters a bucket over N ranks asks for N.
+  std::size_t bucket_multiple = 1;
   std::chrono::milliseconds timeout{0};  ///< per bucket; 0 = the group's
   timeline* trace = nullptr;  ///< records readiness, queueing and communication (timeline.hpp)
   /// GPU groups (kft/ddp/cuda.hpp): the CUDA stream the backward pass runs on (a cudaStream_t;
@@ -118,6 +121,20 @@ class reducer {
   const bucket_limits& limits() const noexcept { return o_.limits; }
   /// @brief With auto_bucket_cap: the group's allreduce cost as measured (the slowest rank's).
   const link_cost& measured_link() const noexcept { return link_; }
+
+  /// @brief Where parameter i's gradient lives: its bucket and its first element's position in it.
+  std::size_t bucket_of(std::size_t i) const {
+    check_index(i, "bucket_of");
+    return bucket_of_[i];
+  }
+  std::size_t offset_in_bucket(std::size_t i) const {
+    check_index(i, "offset_in_bucket");
+    return offset_of_[i];
+  }
+  /// @brief Bucket k's storage: its elements (padding included) and their type.
+  std::size_t bucket_elements(std::size_t k) const { return store_.at(k).count; }
+  dtype bucket_type(std::size_t k) const { return store_.at(k).type; }
+  void* bucket_data(std::size_t k) { return store_.at(k).data; }
 
   /// @brief Parameter i's gradient: a view into its bucket (valid until layout_version() changes).
   template <class T>
@@ -283,6 +300,7 @@ class reducer {
     v.type = store_[k].type;
     v.data = store_[k].data;
     v.count = store_[k].count;
+    v.used = used_of_[k];
     v.last = k + 1 == buckets_.size();
     v.opts = opts();
     return v;
@@ -388,7 +406,8 @@ class reducer {
   // parameter -> (bucket, offset) tables and the fingerprint.
   void layout(bucket_assignment b) {
     std::vector<storage> fresh(b.size());
-    std::vector<std::size_t> bucket_of(params_.size()), offset_of(params_.size());
+    std::vector<std::size_t> bucket_of(params_.size()), offset_of(params_.size()), used(b.size());
+    const std::size_t multiple = std::max<std::size_t>(o_.bucket_multiple, 1);
     for (std::size_t k = 0; k < b.size(); ++k) {
       std::size_t n = 0;
       for (std::size_t i : b[k]) {
@@ -397,7 +416,8 @@ class reducer {
         n += params_[i].count;
       }
       fresh[k].type = params_[b[k].front()].type;
-      fresh[k].count = n;
+      fresh[k].count = (n + multiple - 1) / multiple * multiple;
+      used[k] = n;
       allocate(fresh[k]);
     }
     if (!store_.empty())  // a rebuild: the step's gradients move with their parameters
@@ -408,6 +428,7 @@ class reducer {
     buckets_ = std::move(b);
     bucket_of_ = std::move(bucket_of);
     offset_of_ = std::move(offset_of);
+    used_of_ = std::move(used);
     fingerprint_ = fingerprint(params_, buckets_);
     works_.clear();
     works_.resize(buckets_.size());
@@ -497,7 +518,7 @@ class reducer {
   Hook hook_;
   memory mem_;
   bucket_assignment buckets_;
-  std::vector<std::size_t> bucket_of_, offset_of_;
+  std::vector<std::size_t> bucket_of_, offset_of_, used_of_;
   std::vector<storage> store_;
   std::vector<std::uint8_t> ready_;
   std::vector<std::size_t> pending_;

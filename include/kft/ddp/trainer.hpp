@@ -46,6 +46,7 @@
 #include <concepts>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -138,12 +139,22 @@ inline int compute_threads(int local_ranks) {
 }
 
 /// @brief The trainer's reductions: float buckets averaged, integer buckets summed (the
-/// deterministic mode's fixed point and the contribution counts).
+/// deterministic mode's fixed point and the contribution counts). With ZeRO stage 1 (`sharded`)
+/// every gradient bucket is reduce-scattered instead: rank r gets the reduction of its slice
+/// [r c/N, (r + 1) c/N) only; the trainer's own counters (their own f64 bucket then) are
+/// still allreduced, since every rank needs them.
 struct trainer_hook {
+  bool sharded = false;
   template <class G>
   auto launch(G& g, bucket_view& b) {
     const bool floating = b.type == dtype::f32 || b.type == dtype::f64 || b.type == dtype::f16 || b.type == dtype::bf16;
-    return g.allreduce_async(b.data, b.data, b.count, b.type, floating ? op_kind::avg : op_kind::sum, b.opts);
+    const op_kind op = floating ? op_kind::avg : op_kind::sum;
+    if (!sharded || b.type == dtype::f64) return g.allreduce_async(b.data, b.data, b.count, b.type, op, b.opts);
+    const std::size_t per = b.count / static_cast<std::size_t>(g.size()), bytes = size_of(b.type);
+    auto* base = static_cast<unsigned char*>(b.data);
+    std::memset(base + b.used * bytes, 0, (b.count - b.used) * bytes);  // the padding adds nothing
+    return g.reduce_scatter_async(b.data, base + static_cast<std::size_t>(g.rank()) * per * bytes, per, b.type, op,
+                                  b.opts);
   }
   void complete(bucket_view&) {}
 };
@@ -174,6 +185,13 @@ struct trainer_options {
   std::uint64_t eval_batch = 1000;
   double target_accuracy = 0.0;          ///< report the time the test accuracy first reaches it
   reducer_options reducer{};
+  /// ZeRO stage 1 (0: off): the optimizer state is sharded across the ranks. Gradients are
+  /// reduce-scattered, each rank updates its slice of every bucket (parameters and optimizer
+  /// state) and the parameters are allgathered: the bytes of one allreduce, 1/N of the
+  /// optimizer's memory and compute. Checkpoints hold the whole state (gathered when written),
+  /// so a run resumes on any number of ranks, sharded or not. Buckets keep their first layout
+  /// (no rebuild: the shards would move).
+  int zero_stage = 0;
   // Reporting (rank 0).
   bool quiet = false;
   std::string log_json;                  ///< JSON-lines log file ("" = none)
@@ -198,6 +216,7 @@ struct fit_summary {
   double train_seconds = 0.0;
   double wall_seconds = 0.0;
   double exposed_comm_seconds = 0.0;  ///< waiting in finish(), after the backward pass
+  double optimizer_seconds = 0.0;     ///< in the optimizer's update loops (this rank's shard with ZeRO-1)
   double final_accuracy = 0.0;
   double final_loss = 0.0;
   std::optional<double> seconds_to_target;  ///< training time when the target accuracy was first reached
@@ -230,12 +249,19 @@ class trainer {
     } else {
       o_.global_batch = o_.batch * n;
     }
+    if (o_.zero_stage != 0 && o_.zero_stage != 1)
+      throw usage_error("trainer: zero_stage = " + std::to_string(o_.zero_stage) + " (0: replicated optimizer state, "
+                            "1: ZeRO stage 1)",
+                        site("ddp trainer"));
     // The reducer: index 0 is the trainer's own two values (contributing micro-batches, ranks
     // with a non-finite loss), registered first so that they travel in the last bucket, marked
     // once the backward pass is over.
     std::vector<parameter> ps;
     const dtype grad_type = o_.deterministic ? dtype::i64 : dtype::f32;
-    ps.push_back({2, grad_type, "kft.trainer.counts"});
+    // (ZeRO-1: f64, a type no gradient has, so the counters get a bucket of their own that is
+    // allreduced while every gradient bucket is reduce-scattered.)
+    counts_type_ = o_.zero_stage ? dtype::f64 : grad_type;
+    ps.push_back({2, counts_type_, "kft.trainer.counts"});
     sizes_.reserve(tensors_.size());
     for (const auto& t : tensors_) {
       ps.push_back({t.value.size(), grad_type, t.name});
@@ -243,8 +269,18 @@ class trainer {
     }
     reducer_options ro = o_.reducer;
     if (o_.deterministic) ro.deterministic = true;
-    r_.emplace(g_, std::move(ps), ro);
-    opt_.bind(sizes_);
+    if (o_.zero_stage) {
+      ro.rebuild_buckets = false;
+      ro.bucket_multiple = static_cast<std::size_t>(g_.size());
+      ro.find_unused_parameters = false;
+    }
+    r_.emplace(g_, std::move(ps), ro, trainer_hook{o_.zero_stage == 1});
+    if (o_.zero_stage) {
+      shard();
+      opt_.bind(piece_sizes_);
+    } else {
+      opt_.bind(sizes_);
+    }
     views_.resize(tensors_.size());
     if (o_.deterministic) {
       local_.resize(tensors_.size());
@@ -270,6 +306,15 @@ class trainer {
   }
   /// @brief Exposed communication so far: seconds waiting in the reducer's finish().
   double exposed_comm_seconds() const noexcept { return comm_s_; }
+  /// @brief Seconds spent in the optimizer's update loops so far (this rank's shard with ZeRO-1).
+  double optimizer_seconds() const noexcept { return opt_s_; }
+  /// @brief The optimizer state this rank holds, in bytes (with ZeRO-1 about 1/N of the whole).
+  std::size_t optimizer_state_bytes() {
+    std::size_t b = 0;
+    for (const auto& buf : opt_.state().buffers)
+      for (const auto& v : buf) b += v.size() * sizeof(float);
+    return b;
+  }
 
   /// @brief One optimizer step on this rank's samples `indices` (your own loop; accumulate = 1).
   /// Every rank calls step() until it runs out of data, then join().
@@ -370,6 +415,7 @@ class trainer {
     sum.wall_seconds = seconds(t_start, clk::now());
     sum.train_seconds = sum.wall_seconds - eval_total_;
     sum.exposed_comm_seconds = comm_s_;
+    sum.optimizer_seconds = opt_s_;
     if (!sum.evals.empty()) {
       sum.final_accuracy = sum.evals.back().accuracy;
       sum.final_loss = sum.evals.back().loss;
@@ -399,6 +445,25 @@ class trainer {
   void save_checkpoint(bool epoch_done = false) {
     if (o_.checkpoint_dir.empty()) throw usage_error("trainer: no checkpoint_dir", site("ddp checkpoint"));
     verify_replicas("a checkpoint");
+    // ZeRO-1: the whole optimizer state, gathered from the shards (collective), so the file is
+    // the same as an unsharded run's and resumes on any number of ranks.
+    std::vector<std::vector<std::vector<float>>> whole;
+    if (o_.zero_stage) {
+      const auto& st = opt_.state();
+      whole.resize(st.buffers.size());
+      for (std::size_t b = 0; b < st.buffers.size(); ++b) {
+        if (g_.rank() == 0) {
+          whole[b].resize(tensors_.size());
+          for (std::size_t i = 0; i < tensors_.size(); ++i) whole[b][i].assign(sizes_[i], 0.0f);
+        }
+        std::size_t j = 0;
+        gather_slices(
+            [&](const piece&) { return std::span<const float>(st.buffers[b][j++]); },
+            [&](std::size_t i, std::span<const float> all) {
+              if (g_.rank() == 0) std::copy(all.begin(), all.end(), whole[b][i].begin());
+            });
+      }
+    }
     if (g_.rank() != 0) return;
     checkpoint_writer w;
     sampler_state ss = sampler_ ? sampler_->state() : sampler_state{o_.seed, epoch_, 0};
@@ -418,7 +483,7 @@ class trainer {
     w.put_u64("optimizer.steps", st.steps);
     for (std::size_t b = 0; b < st.names.size(); ++b)
       for (std::size_t i = 0; i < tensors_.size(); ++i)
-        w.put_floats("optimizer/" + st.names[b] + "/" + tensors_[i].name, st.buffers[b][i]);
+        w.put_floats("optimizer/" + st.names[b] + "/" + tensors_[i].name, o_.zero_stage ? whole[b][i] : st.buffers[b][i]);
     const auto bytes = w.finish();
     write_atomic(o_.checkpoint_dir, checkpoint_name(step_), bytes, o_.checkpoint_progress);
     // Keep the newest `keep_checkpoints`.
@@ -527,9 +592,7 @@ class trainer {
         ++done;
       }
       contributed = nonempty;
-      auto c = r.template gradient<std::int64_t>(0);
-      c[0] = static_cast<std::int64_t>(contributed);
-      c[1] = static_cast<std::int64_t>(bad);
+      set_counts(contributed, bad);
       r.mark_ready(0);
       timed_finish();
     } else {
@@ -542,11 +605,7 @@ class trainer {
         auto bs = m_.forward_backward(micro_[m], gs);
         bad |= !std::isfinite(bs.loss_sum);
         s += bs;
-        if (last) {
-          auto c = r.template gradient<float>(0);
-          c[0] = static_cast<float>(k);
-          c[1] = static_cast<float>(bad);
-        }
+        if (last) set_counts(k, bad);
         r.mark_ready(0);
         timed_finish();
       }
@@ -586,15 +645,39 @@ class trainer {
     }
   }
 
+  // The trainer's two values (contributing micro-batches, ranks with a non-finite loss): i64
+  // buckets are summed, float ones averaged (averages of small integers: exact after x N and
+  // rounding).
+  void set_counts(std::uint64_t contributions, std::uint64_t bad) {
+    if (counts_type_ == dtype::i64) {
+      auto c = r_->template gradient<std::int64_t>(0);
+      c[0] = static_cast<std::int64_t>(contributions);
+      c[1] = static_cast<std::int64_t>(bad);
+    } else if (counts_type_ == dtype::f64) {
+      auto c = r_->template gradient<double>(0);
+      c[0] = static_cast<double>(contributions);
+      c[1] = static_cast<double>(bad);
+    } else {
+      auto c = r_->template gradient<float>(0);
+      c[0] = static_cast<float>(contributions);
+      c[1] = static_cast<float>(bad);
+    }
+  }
   std::pair<std::uint64_t, std::uint64_t> counts() {
     const auto n = static_cast<double>(g_.size());
-    if (o_.deterministic) {
+    if (counts_type_ == dtype::i64) {
       auto c = r_->template gradient<std::int64_t>(0);
       return {static_cast<std::uint64_t>(c[0]), static_cast<std::uint64_t>(c[1])};
     }
-    auto c = r_->template gradient<float>(0);  // averages of small integers: exact after x N and rounding
-    return {static_cast<std::uint64_t>(std::llround(static_cast<double>(c[0]) * n)),
-            static_cast<std::uint64_t>(std::llround(static_cast<double>(c[1]) * n))};
+    double c0 = 0, c1 = 0;
+    if (counts_type_ == dtype::f64) {
+      auto c = r_->template gradient<double>(0);
+      c0 = c[0], c1 = c[1];
+    } else {
+      auto c = r_->template gradient<float>(0);
+      c0 = c[0], c1 = c[1];
+    }
+    return {static_cast<std::uint64_t>(std::llround(c0 * n)), static_cast<std::uint64_t>(std::llround(c1 * n))};
   }
 
   void timed_finish() {
@@ -633,6 +716,8 @@ class trainer {
   // The optimizer step from the averaged gradients; `contributions` micro-batches (or shards)
   // went into them over all ranks.
   void apply(std::uint64_t contributions) {
+    if (o_.zero_stage) return apply_sharded(contributions);
+    const auto t0 = clk::now();
     opt_.begin_step();
     std::size_t bad = tensors_.size();
     if (o_.deterministic) {
@@ -650,11 +735,101 @@ class trainer {
         if (!opt_.step(i, tensors_[i].value, r_->template gradient<float>(i + 1), scale) && bad == tensors_.size())
           bad = i;
     }
+    opt_s_ += seconds(t0, clk::now());
     if (bad != tensors_.size())
       throw numerics_error("the averaged gradient of '" + tensors_[bad].name + "' (index " + std::to_string(bad) +
                                ") holds a NaN or an infinity in step " + std::to_string(step_ + 1) +
                                " although every rank's loss was finite (layer 1: the model's backward pass)",
                            site("ddp step", step_ + 1));
+  }
+
+  // ---- ZeRO stage 1 ----
+  // This rank's shard: its slice [r c/N, (r + 1) c/N) of every gradient bucket (c padded to a
+  // multiple of N), cut into pieces of parameters. The optimizer is bound to the pieces.
+  struct piece {
+    std::size_t param = 0;   // the trainer's parameter index (the reducer's minus one)
+    std::size_t offset = 0;  // first element within the parameter
+    std::size_t count = 0;
+    std::size_t bucket = 0;
+    std::size_t at = 0;      // first element within the bucket
+  };
+  void shard() {
+    const auto n = static_cast<std::size_t>(g_.size()), me = static_cast<std::size_t>(g_.rank());
+    pieces_.clear();
+    piece_sizes_.clear();
+    std::size_t largest = 0;
+    for (std::size_t k = 0; k < r_->buckets().size(); ++k) {
+      if (r_->bucket_type(k) == counts_type_) continue;  // the counters' own bucket
+      const std::size_t per = r_->bucket_elements(k) / n, lo = me * per, hi = lo + per;
+      largest = std::max(largest, r_->bucket_elements(k));
+      for (std::size_t i : r_->buckets()[k]) {
+        const std::size_t off = r_->offset_in_bucket(i), len = r_->param(i).count;
+        const std::size_t a = std::max(lo, off), b = std::min(hi, off + len);
+        if (a >= b) continue;
+        pieces_.push_back({i - 1, a - off, b - a, k, a});
+        piece_sizes_.push_back(b - a);
+      }
+    }
+    staging_.assign(largest, 0.0f);
+  }
+
+  // The optimizer on this rank's pieces, then every rank's updated slices allgathered.
+  void apply_sharded(std::uint64_t contributions) {
+    const auto t0 = clk::now();
+    opt_.begin_step();
+    std::size_t bad = pieces_.size();
+    const float scale = static_cast<float>(static_cast<double>(g_.size()) / static_cast<double>(contributions));
+    const double k = std::ldexp(1.0, -o_.fraction_bits) / static_cast<double>(contributions);
+    for (std::size_t j = 0; j < pieces_.size(); ++j) {
+      const piece& pc = pieces_[j];
+      auto w = tensors_[pc.param].value.subspan(pc.offset, pc.count);
+      bool ok = true;
+      if (o_.deterministic) {
+        auto q = r_->template gradient<std::int64_t>(pc.param + 1).subspan(pc.offset, pc.count);
+        auto a = std::span<float>(avg_[pc.param]).subspan(pc.offset, pc.count);
+        for (std::size_t e = 0; e < a.size(); ++e) a[e] = static_cast<float>(static_cast<double>(q[e]) * k);
+        ok = opt_.step(j, w, a, 1.0f);
+      } else {
+        ok = opt_.step(j, w, r_->template gradient<float>(pc.param + 1).subspan(pc.offset, pc.count), scale);
+      }
+      if (!ok && bad == pieces_.size()) bad = j;
+    }
+    opt_s_ += seconds(t0, clk::now());
+    if (bad != pieces_.size()) {  // only this rank saw it: the others learn it from the abort
+      const auto& pc = pieces_[bad];
+      const std::string why = "the averaged gradient of '" + tensors_[pc.param].name + "' (index " +
+                              std::to_string(pc.param) + ", elements " + std::to_string(pc.offset) + ".." +
+                              std::to_string(pc.offset + pc.count - 1) + ", this rank's ZeRO shard) holds a NaN or an " +
+                              "infinity in step " + std::to_string(step_ + 1) +
+                              " although every rank's loss was finite (layer 1: the model's backward pass)";
+      g_.abort(why);
+      throw numerics_error(why, site("ddp step", step_ + 1));
+    }
+    gather_slices([&](const piece& pc) { return tensors_[pc.param].value.subspan(pc.offset, pc.count); },
+                  [&](std::size_t i, std::span<const float> all) {
+                    std::copy(all.begin(), all.end(), tensors_[i].value.begin());
+                  });
+  }
+
+  // For every gradient bucket: this rank's pieces (`mine(piece)`) packed into its slice of a
+  // bucket-sized buffer, allgathered, and each parameter's whole range handed to `take`.
+  template <class Mine, class Take>
+  void gather_slices(Mine mine, Take take) {
+    const auto n = static_cast<std::size_t>(g_.size()), me = static_cast<std::size_t>(g_.rank());
+    std::size_t j = 0;
+    for (std::size_t k = 0; k < r_->buckets().size(); ++k) {
+      if (r_->bucket_type(k) == counts_type_) continue;
+      const std::size_t per = r_->bucket_elements(k) / n;
+      float* buf = staging_.data();
+      std::fill(buf + me * per, buf + (me + 1) * per, 0.0f);
+      for (; j < pieces_.size() && pieces_[j].bucket == k; ++j) {
+        const auto v = mine(pieces_[j]);
+        std::copy(v.begin(), v.end(), buf + pieces_[j].at);
+      }
+      g_.allgather(buf + me * per, buf, per, dtype::f32, options{});
+      for (std::size_t i : r_->buckets()[k])
+        take(i - 1, std::span<const float>(buf + r_->offset_in_bucket(i), r_->param(i).count));
+    }
   }
 
   void after_step() {
@@ -667,6 +842,7 @@ class trainer {
     std::uint64_t steps = st.steps;
     g_.broadcast(&steps, &steps, 1, dtype::i64, 0, options{});
     st.steps = steps;
+    if (o_.zero_stage) return;  // each rank holds (and loaded) its own shard
     for (auto& b : st.buffers)
       for (auto& v : b) g_.broadcast(v.data(), v.data(), v.size(), dtype::f32, 0, options{});
   }
@@ -721,7 +897,16 @@ class trainer {
           throw usage_error("checkpoint " + what + " has no optimizer state '" + key + "' (written by " +
                                 c.get_string("optimizer") + "; this run uses " + opt_.name() + ")",
                             site("ddp resume"));
-        c.get_floats(key, st.buffers[b][i]);
+        if (!o_.zero_stage) {
+          c.get_floats(key, st.buffers[b][i]);
+          continue;
+        }
+        std::vector<float> whole(sizes_[i]);  // ZeRO-1: keep this rank's pieces of the whole
+        c.get_floats(key, whole);
+        for (std::size_t j = 0; j < pieces_.size(); ++j)
+          if (pieces_[j].param == i)
+            std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(pieces_[j].offset), pieces_[j].count,
+                        st.buffers[b][j].begin());
       }
     step_ = c.get_u64("step");
     rng_.state = c.get_u64("rng");
@@ -771,6 +956,9 @@ class trainer {
                                          : std::to_string(o_.batch) + " per rank, " + std::to_string(o_.global_batch) +
                                                " global") +
                        (o_.accumulate > 1 ? " x " + std::to_string(o_.accumulate) + " accumulated" : std::string()) +
+                       (o_.zero_stage ? "; ZeRO-1: optimizer state sharded over " + std::to_string(g_.size()) +
+                                            " rank(s), " + std::to_string(optimizer_state_bytes() >> 10) + " KiB here"
+                                      : std::string()) +
                        "; " + std::to_string(train) + " training / " + std::to_string(test) + " test samples";
     note(line);
     if (reporting() && !o_.quiet) {
@@ -852,7 +1040,9 @@ class trainer {
         ",\"train_seconds\":" + num(s.train_seconds) + ",\"final_accuracy\":" + num(s.final_accuracy) +
         ",\"samples_per_s\":" + num(s.samples_per_s, 1) + ",\"exposed_comm_seconds\":" + num(s.exposed_comm_seconds) +
         ",\"seconds_to_target\":" + (s.seconds_to_target ? num(*s.seconds_to_target) : std::string("null")) +
-        ",\"weak_scaling_efficiency\":" + (eff > 0 ? num(eff) : std::string("null")) + ",\"parameters_hash\":\"" +
+        ",\"weak_scaling_efficiency\":" + (eff > 0 ? num(eff) : std::string("null")) +
+        ",\"optimizer_seconds\":" + num(s.optimizer_seconds) + ",\"optimizer_state_bytes\":" +
+        std::to_string(optimizer_state_bytes()) + ",\"zero_stage\":" + std::to_string(o_.zero_stage) + ",\"parameters_hash\":\"" +
         std::to_string(parameters_hash()) + "\"}");
   }
 
@@ -878,7 +1068,11 @@ class trainer {
   splitmix64 rng_;
   std::vector<std::uint64_t> hashes_, all_hashes_;
   std::uint64_t step_ = 0, epoch_ = 0, resumed_step_ = 0, test_size_ = 0, last_samples_ = 0;
-  double comm_s_ = 0.0, eval_total_ = 0.0;
+  double comm_s_ = 0.0, eval_total_ = 0.0, opt_s_ = 0.0;
+  dtype counts_type_ = dtype::f32;
+  std::vector<piece> pieces_;        // ZeRO-1: this rank's shard
+  std::vector<std::size_t> piece_sizes_;
+  std::vector<float> staging_;       // ZeRO-1: one bucket, for the allgathers
   bool first_micro_ = false, last_micro_ = false, local_bad_ = false, tty_ = false;
   clk::time_point last_draw_{};
   std::FILE* log_ = nullptr;
