@@ -216,7 +216,7 @@ struct fit_summary {
   double train_seconds = 0.0;
   double wall_seconds = 0.0;
   double exposed_comm_seconds = 0.0;  ///< waiting in finish(), after the backward pass
-  double optimizer_seconds = 0.0;     ///< in the optimizer's update loops (this rank's shard with ZeRO-1)
+  double optimizer_seconds = 0.0;     ///< in the optimizer's update loops, the slowest rank's (its shard with ZeRO-1)
   double final_accuracy = 0.0;
   double final_loss = 0.0;
   std::optional<double> seconds_to_target;  ///< training time when the target accuracy was first reached
@@ -415,7 +415,10 @@ class trainer {
     sum.wall_seconds = seconds(t_start, clk::now());
     sum.train_seconds = sum.wall_seconds - eval_total_;
     sum.exposed_comm_seconds = comm_s_;
-    sum.optimizer_seconds = opt_s_;
+    // The slowest rank's optimizer time: the step waits for it (with ZeRO-1 the shards differ).
+    double opt_s = opt_s_;
+    g_.allreduce(&opt_s, &opt_s, 1, dtype::f64, op_kind::max, options{});
+    sum.optimizer_seconds = opt_s;
     if (!sum.evals.empty()) {
       sum.final_accuracy = sum.evals.back().accuracy;
       sum.final_loss = sum.evals.back().loss;
