@@ -82,9 +82,11 @@
 #include <kft/discovery/mpi.hpp>
 #include <kft/rendezvous/connect.hpp>
 #include <kft/rendezvous/mpi_bootstrap.hpp>
-#include <kft/transport/shm/communicator.hpp>
+#include <kft/transport/shm/config.hpp>
 
 #include "backend.hpp"
+#include "control.hpp"
+#include "settings.hpp"
 #include "multinode.hpp"
 
 #if KFT_BENCH_WITH_GLOO
@@ -112,23 +114,7 @@ struct shape {
   std::size_t size() const { return std::max(send_bytes, recv_bytes); }
 };
 
-// ---- flags -----------------------------------------------------------------------------------
-
-struct settings {
-  std::size_t min_bytes = 32u << 20, max_bytes = 32u << 20, step_bytes = 1u << 20, step_factor = 1;
-  int iters = 20, warmup = 1, check = 1, average = 3, root = 0;
-  bool all_roots = false;
-  std::vector<kft::dtype> types{kft::dtype::f32};
-  std::vector<kft::op_kind> ops{kft::op_kind::sum};
-  kft::algo algorithm = kft::algo::automatic;
-  bool zero_copy = false, peers = true, gloo = true, latency = false, p50 = false, algos = false;
-  double peer_budget = 2.0;
-  int timeout_s = 0, latency_iters = 10000;
-  std::size_t staging_bytes = 0, small_bytes = 0, latency_max = 64u << 10;
-  std::string json_path;
-  std::string backend = "auto";  // shm, mpi, group, nccl; auto = shm on one node, the multinode table across
-  int device = -1;               // nccl: the CUDA device (default: local rank modulo the devices)
-};
+// ---- flags (settings.hpp) ---------------------------------------------------------------------
 
 // The next row's size (-f factor, else -i step); false past -e. The one place sizes advance.
 bool next_size(const settings& a, std::size_t& size) {
@@ -429,61 +415,8 @@ struct kft_row {  // what the peers table needs of a float-sum row
   std::size_t json_index = 0;
 };
 
-// ---- the ranks' own coordination --------------------------------------------------------------
+// ---- the ranks' own coordination: control.hpp (MPI's; shared memory's is made in backends.cpp)
 
-// Barriers, combining per-rank times and gathering lines between the bench's ranks: MPI under
-// an MPI launcher; under kftrun or torchrun (no MPI job exists there) a second shared-memory
-// communicator, apart from the one being measured, over the launcher's store. The MPI peer
-// columns exist only in the first case.
-class control {
- public:
-  virtual ~control() = default;
-  virtual void barrier() = 0;
-  virtual void bcast(void* data, std::size_t bytes, int root) = 0;
-  virtual void reduce(double* v, std::size_t n, kft::op_kind op) = 0;  // in place, every rank gets it
-  virtual void reduce(std::int64_t* v, std::size_t n, kft::op_kind op) = 0;
-  virtual void gather(const char* mine, std::size_t bytes, char* all) = 0;  // rank r's bytes at all + r * bytes
-  virtual bool mpi() const = 0;  // MPI_COMM_WORLD is the bench's world (MPI peers can run)
-};
-
-class mpi_control final : public control {
- public:
-  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
-  void bcast(void* data, std::size_t bytes, int root) override {
-    MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD);
-  }
-  void reduce(double* v, std::size_t n, kft::op_kind op) override {
-    MPI_Allreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_DOUBLE, mpi_op(op), MPI_COMM_WORLD);
-  }
-  void reduce(std::int64_t* v, std::size_t n, kft::op_kind op) override {
-    MPI_Allreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_INT64_T, mpi_op(op), MPI_COMM_WORLD);
-  }
-  void gather(const char* mine, std::size_t bytes, char* all) override {
-    MPI_Allgather(mine, static_cast<int>(bytes), MPI_CHAR, all, static_cast<int>(bytes), MPI_CHAR, MPI_COMM_WORLD);
-  }
-  bool mpi() const override { return true; }
-
- private:
-  static MPI_Op mpi_op(kft::op_kind op) {
-    return op == kft::op_kind::min ? MPI_MIN : op == kft::op_kind::max ? MPI_MAX : MPI_SUM;
-  }
-};
-
-class shm_control final : public control {
- public:
-  shm_control(std::shared_ptr<kft::rendezvous::store> store, int rank, int size)
-      : comm_(std::make_shared<kft::rendezvous::prefix_store>(std::move(store), "bench-control/"), rank, size,
-              {.name = "bench-control"}) {}
-  void barrier() override { comm_.barrier(); }
-  void bcast(void* data, std::size_t bytes, int root) override { comm_.broadcast(data, data, bytes, kft::dtype::u8, root); }
-  void reduce(double* v, std::size_t n, kft::op_kind op) override { comm_.allreduce(v, v, n, kft::dtype::f64, op); }
-  void reduce(std::int64_t* v, std::size_t n, kft::op_kind op) override { comm_.allreduce(v, v, n, kft::dtype::i64, op); }
-  void gather(const char* mine, std::size_t bytes, char* all) override { comm_.allgather(mine, all, bytes, kft::dtype::u8); }
-  bool mpi() const override { return false; }
-
- private:
-  kft::shm::communicator comm_;
-};
 
 #if KFT_BENCH_WITH_GLOO
 // Gloo's context over TCP on the loopback interface; the rendezvous is a FileStore in a fresh
@@ -1281,7 +1214,7 @@ int bench<C>::run() {
   buf_bytes_ = buffer_bytes<C>(a_, n_);
   const std::size_t rounded = (buf_bytes_ + 4095) / 4096 * 4096;
 
-  if (auto* shm = dynamic_cast<shm_backend*>(&be_)) shm_cfg_ = &shm->configuration();
+  shm_cfg_ = shm_settings(be_);
   send_ = be_.alloc(rounded, a_.zero_copy);
   recv_ = be_.alloc(rounded, a_.zero_copy);
   if (be_.device()) {
@@ -1325,56 +1258,13 @@ int bench<C>::run() {
   return errors_ ? 1 : 0;
 }
 
-// How this process was started decides who coordinates the ranks: an MPI launcher (MPI is
-// then the control plane and a peer), kftrun/torchrun (kft's store and shared memory; no MPI
-// job exists), or nothing (one rank, MPI initialised as a singleton for the peer columns).
-enum class launch { mpi, launcher, single };
+
 
 launch launch_of(const kft::environment& env) {
   const bool mpi_vars = env.has("OMPI_COMM_WORLD_SIZE") || env.has("PMI_SIZE") || env.has("PMIX_RANK");
   const bool torch_vars = env.has("TORCHELASTIC_RUN_ID") || (env.has("RANK") && env.has("WORLD_SIZE"));
   if (torch_vars) return launch::launcher;  // a worker inherits its agent's PMIx variables (srun ... kftrun)
   return mpi_vars ? launch::mpi : launch::single;
-}
-
-// The communicator measured, made from --backend. `store` reaches this node's ranks.
-inline std::unique_ptr<backend> make_backend(const settings& s, const std::string& which,
-                                             std::shared_ptr<kft::rendezvous::store> store, launch how, int rank,
-                                             int nranks, int local_rank, std::size_t buffer) {
-  const auto timeout = s.timeout_s > 0 ? std::chrono::milliseconds(std::chrono::seconds(s.timeout_s))
-                                       : std::chrono::milliseconds(0);
-  if (which == "shm") {
-    kft::shm::config cfg;
-    cfg.name = "bench";
-    if (s.staging_bytes) cfg.staging_bytes = s.staging_bytes;
-    if (s.small_bytes) cfg.small_bytes = s.small_bytes;
-    if (timeout.count() > 0) cfg.timeout = timeout;
-    if (s.zero_copy) cfg.pool_bytes = 2 * ((buffer + 4095) / 4096 * 4096) + 4096;
-    return std::make_unique<shm_backend>(std::make_unique<kft::shm::communicator>(std::move(store), rank, nranks, cfg));
-  }
-  if (which == "nccl") {
-#if KFT_WITH_NCCL
-    int devices = 0;
-    kft::detail::cuda_check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount", kft::error_site::of("bench"));
-    const int device = s.device >= 0 ? s.device : local_rank % std::max(devices, 1);
-    kft::detail::cuda_check(cudaSetDevice(device), "cudaSetDevice", kft::error_site::of("bench"));
-    kft::nccl::config cfg;
-    cfg.name = "bench";
-    if (timeout.count() > 0) cfg.timeout = timeout;
-    return std::make_unique<nccl_backend>(std::make_unique<kft::nccl::communicator>(*store, rank, nranks, device, cfg));
-#else
-    (void)local_rank;
-    throw std::invalid_argument("--backend nccl: kft was built without NCCL (KFT_WITH_NCCL=OFF)");
-#endif
-  }
-  if (how == launch::launcher)
-    throw std::invalid_argument("--backend " + which + " needs an MPI job (mpirun, srun --mpi=pmix)");
-  if (which == "mpi") {
-    kft::mpi::config cfg;
-    if (timeout.count() > 0) cfg.timeout = timeout;
-    return std::make_unique<mpi_backend>(std::make_unique<kft::mpi::communicator>(MPI_COMM_WORLD, cfg));
-  }
-  return std::make_unique<group_backend>(kft::group::mpi_group());
 }
 
 template <class C>
@@ -1434,7 +1324,7 @@ int run_main(int argc, char** argv, launch how) {
   kft::rendezvous::store_handle handle;
   if (how == launch::launcher) {
     handle = kft::rendezvous::connect_store(*world, env);
-    ctl = std::make_unique<shm_control>(handle.client, rank, nranks);
+    ctl = make_shm_control(handle.client, rank, nranks);
   } else {
     handle = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
     ctl = std::make_unique<mpi_control>();
