@@ -556,13 +556,154 @@ def unbounded_output():
     expect(size > 120_000_000, f"and nothing is lost ({size} bytes relayed)")
 
 
+# ---- elastic jobs (--nnodes MIN:MAX) --------------------------------------------------------
+
+class reader:
+    """Collects an agent's stderr and stdout lines as they come, with the time each arrived."""
+    def __init__(self, proc):
+        import threading
+        self.proc, self.lines = proc, []
+        self._lock = threading.Lock()
+        for stream in (proc.stdout, proc.stderr):
+            threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream):
+        for line in stream:
+            with self._lock:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def text(self):
+        with self._lock:
+            return "\n".join(l for _, l in self.lines)
+
+    def wait_for(self, needle, timeout=30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                for t, l in self.lines:
+                    if needle in l:
+                        return t
+            time.sleep(0.05)
+        expect(False, f"within {timeout} s: a line with {needle!r}", self.text())
+
+
+def elastic_agents(spec, ids, flag, last_call="1"):
+    """Flags of one elastic job (--nnodes spec) and its worker: it prints its round and waits for `flag`."""
+    port = free_port()
+    worker = ['sh', '-c', 'echo "round=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE rank=$RANK '
+                          'node=$GROUP_RANK/$GROUP_WORLD_SIZE"; '
+                          f'while [ ! -e {flag} ]; do sleep 0.05; done; echo {MARK} > /dev/null']
+    common = ["--nnodes", spec, "--master-port", str(port), "--heartbeat-timeout", "2", "--rdzv-last-call", last_call,
+              "--max-restarts", "1"]
+    return port, common, worker
+
+
+def elastic_join_leave_rejoin():
+    """Nodes 0 and 1 start a 2:3 job; node 2 joins (round 1: 3 nodes); node 2's agent is killed
+    (round 2: 2 nodes, the one restart allowed); node 2 comes back (round 3: 3 nodes). Membership
+    changes do not use up --max-restarts; every round re-numbers the ranks; the job ends with 0."""
+    flag = os.path.join(PRIVATE, "done-" + MARK)
+    port, common, worker = elastic_agents("2:3", None, flag)
+    token = dict(KFT_RDZV_TOKEN="t" + MARK)
+    start_node = lambda n: reader(start([*common, "--node-rank", str(n), "--", *worker, MARK], **token))
+    a0, a1 = start_node(0), start_node(1)
+    a0.wait_for("round 0: 2 node(s) (0 on")
+    a0.wait_for("[0]: round=0 world=2 rank=0 node=0/2")
+    a1.wait_for("[1]: round=0 world=2 rank=1 node=1/2")
+    t_join = time.monotonic()
+    a2 = start_node(2)
+    t1 = a0.wait_for("round 1: 3 node(s)")
+    expect(t1 - t_join < 5, f"a joining node starts a new round within the bound ({t1 - t_join:.2f} s)")
+    a2.wait_for("[2]: round=1 world=3 rank=2 node=2/3")
+    expect("re-forming the job (round 1): node 2 on" in a0.text() and "asked to join" in a0.text(),
+           "node 0 says why the round ended", a0.text())
+    a2.proc.kill()
+    a2.proc.wait()
+    t_kill = time.monotonic()
+    t2 = a0.wait_for("round 2: 2 node(s)")
+    expect(t2 - t_kill < 2 + 1 + 4, f"a lost node ends the round within heartbeat + last call ({t2 - t_kill:.2f} s)")
+    a1.wait_for("[1]: round=2 world=2 rank=1 node=1/2")
+    expect("restarting all workers (restart 1 of 1) after: the agent of node 2 on" in a0.text(),
+           "the lost node is the one restart", a0.text())
+    a2 = start_node(2)  # the node comes back
+    t3 = a0.wait_for("round 3: 3 node(s)")
+    a2.wait_for("[2]: round=3 world=3 rank=2 node=2/3")
+    a1.wait_for("[1]: round=3 world=3 rank=1 node=1/3")
+    expect(t3 > t2, "and is taken in at the next round")
+    open(flag, "w").close()
+    for a in (a0, a1, a2):
+        a.proc.wait(timeout=30)
+    expect(a0.proc.returncode == 0 and a1.proc.returncode == 0 and a2.proc.returncode == 0,
+           "every agent ends the job with 0 (two membership changes and one failure with --max-restarts 1)",
+           a0.proc.returncode, a1.proc.returncode, a2.proc.returncode, a0.text(), a1.text(), a2.text())
+    os.unlink(flag)
+
+
+def elastic_below_min():
+    """A 3:4 job where only nodes 0 and 1 come: it waits the rendezvous timeout, then every agent
+    fails naming who joined and who did not."""
+    port = free_port()
+    token = dict(KFT_RDZV_TOKEN="t" + MARK)
+    common = ["--nnodes", "3:4", "--master-port", str(port), "--rdzv-timeout", "3"]
+    agents = [start([*common, "--node-rank", str(n), "--", "sleep", MARK], **token) for n in (0, 1)]
+    t0 = time.monotonic()
+    outs = [a.communicate(timeout=30) for a in agents]
+    took = time.monotonic() - t0
+    for n, (a, (_, err)) in enumerate(zip(agents, outs)):
+        expect(a.returncode == 1, f"node {n}'s agent fails", a.returncode, err)
+        expect("rendezvous timed out after 3 s: 2 of at least 3 nodes joined round 0 (0 on" in err and
+               "node rank(s) 2, 3 did not" in err, f"node {n} names who joined and who did not", err)
+    expect(took < 3 + 3, f"after the rendezvous timeout ({took:.2f} s)")
+
+
+def elastic_full_round_waits():
+    """A 1:2 job with three agents (node ranks are identities: 0, 1, 5): the third waits while the
+    job is full, and ends with it."""
+    flag = os.path.join(PRIVATE, "done-" + MARK)
+    port, common, worker = elastic_agents("1:2", None, flag)
+    token = dict(KFT_RDZV_TOKEN="t" + MARK)
+    a = [reader(start([*common, "--node-rank", str(n), "--", *worker, MARK], **token)) for n in (0, 1)]
+    a[0].wait_for("round 0: 2 node(s)")
+    third = reader(start([*common, "--node-rank", "5", "--", *worker, MARK], **token))
+    time.sleep(2)
+    expect("round 1" not in a[0].text(), "a full job is not re-formed for a waiting node", a[0].text())
+    open(flag, "w").close()
+    for r in (*a, third):
+        r.proc.wait(timeout=30)
+    expect(a[0].proc.returncode == 0 and a[1].proc.returncode == 0, "the job ends with 0", a[0].text(), a[1].text())
+    expect(third.proc.returncode == 0 and "the job ended (status 0) before this node was taken in" in third.text(),
+           "the waiting agent ends with it and says so", third.proc.returncode, third.text())
+    os.unlink(flag)
+
+
+def elastic_duplicate_node_rank():
+    """Two agents with node rank 1 ask to join the same round: the second is refused (exit 2),
+    naming the first; the job goes on with the first."""
+    flag = os.path.join(PRIVATE, "done-" + MARK)
+    port, common, worker = elastic_agents("2:3", None, flag, last_call="5")  # (open while the second one comes)
+    token = dict(KFT_RDZV_TOKEN="t" + MARK)
+    a0 = reader(start([*common, "--node-rank", "0", "--", *worker, MARK], **token))
+    a1 = reader(start([*common, "--node-rank", "1", "--", *worker, MARK], **token))
+    time.sleep(1)
+    dup = start([*common, "--node-rank", "1", "--", *worker, MARK], **token)
+    _, err = dup.communicate(timeout=30)
+    expect(dup.returncode == 2 and "node rank 1 is taken by the agent on" in err,
+           "a second agent with node rank 1 is refused, naming the first", dup.returncode, err)
+    a0.wait_for("round 0: 2 node(s) (0 on")
+    open(flag, "w").close()
+    for r in (a0, a1):
+        r.proc.wait(timeout=30)
+    expect(a0.proc.returncode == 0 and a1.proc.returncode == 0, "the job runs on with the first", a0.text(), a1.text())
+    os.unlink(flag)
+
 SCENARIOS = {f.__name__: f for f in [
     signal_stops_every_node, nproc_auto, bind_core,
     torch_style_worker, worker_fails, worker_killed_by_signal, restart_once, restarts_exhausted,
     two_agents_restart_together, agent_killed, store_host_killed, sigterm, sigint, wrong_token, port_in_use,
     unreachable_master, gang_timeout, log_dir, bad_input, pet_environment_forms,
     sigterm_during_gang_start, daemon_left_behind, stopped_worker, store_flood, store_oversized_hello,
-    store_log_injection, unbounded_output]}
+    store_log_injection, unbounded_output, elastic_join_leave_rejoin, elastic_below_min, elastic_full_round_waits,
+    elastic_duplicate_node_rank]}
 
 def nothing_left(shm_before):
     """After every scenario, on every path: no process (agents included), no /dev/shm entry, no

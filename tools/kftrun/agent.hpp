@@ -2,12 +2,19 @@
 // stop and restart as a unit.
 //
 // Store layout (under "kftrun/<run-id>/"):
-//   r<a>/node/<n>        "<nproc> <host>"        agent n joined round a
+//   r<a>/node/<n>        "<nproc> <host>"        agent n joined round a (fixed --nnodes N)
 //   r<a>/worker_port     MASTER_PORT for the workers of round a (chosen by node 0)
 //   r<a>/failure         first failure of round a: "key=value" lines (compare_set: first wins)
 //   r<a>/done/<n>        node n's workers all exited 0 in round a
 //   r<a>/exit/<n>        node n has seen the round end (node 0 keeps the store up until all have)
 //   hb/<n>               node n's heartbeat counter (all rounds)
+// Elastic jobs (--nnodes MIN:MAX; n is the agent's --node-rank, its identity, and node 0 hosts
+// the store), where node 0 forms each round from whoever asked to join:
+//   e/current            the round node 0 is forming or running
+//   e/r<a>/join/<n>      "<nproc> <host>"        agent n asks to be in round a
+//   e/r<a>/members       "<n> <n> ..."           round a's nodes, in node-rank order (node 0 decides)
+//   e/r<a>/failed        why round a could not form (fewer than MIN nodes within the timeout)
+//   e/finished           the job's exit status, for agents still waiting to be taken in
 #pragma once
 
 #include <signal.h>
@@ -17,7 +24,9 @@
 #include <atomic>
 #include <climits>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include <kft/core/timeout.hpp>
 #include <kft/core/token.hpp>
@@ -32,7 +41,10 @@ namespace rdzv = kft::rendezvous;
 
 struct options {
   int nproc_per_node = 1;
-  int nnodes = 1;
+  int nnodes = 1;     // fixed size; with `elastic`, the most nodes a round takes (MAX)
+  int min_nodes = 1;  // with `elastic`: the fewest a round starts with (MIN)
+  bool elastic = false;  // --nnodes MIN:MAX: rounds re-form as agents join and leave
+  std::chrono::milliseconds last_call = 2s;  // elastic: after MIN have joined, how long node 0 waits for more
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: any free port (single node only)
@@ -126,22 +138,42 @@ class agent {
     }
     store_ = std::make_shared<rdzv::prefix_store>(client, "kftrun/" + opt_.run_id + "/");
 
-    for (int attempt = 0;; ++attempt) {
-      const auto outcome = run_round(attempt);
-      if (outcome.success) {
-        finish_round(attempt, -1);
+    int failures = 0;  // rounds that ended in a failure (a membership change is not one)
+    for (int attempt = opt_.elastic ? first_elastic_round() : 0;; ++attempt) {
+      membership m;
+      auto outcome = opt_.elastic ? form_elastic(attempt, m) : form_static(attempt, m);
+      if (!outcome) {
+        if (!m.member) {  // elastic: the round is full without this node; the next one may take it
+          if (ended_) {
+            log("the job ended (status " + std::to_string(*ended_) + ") before this node was taken in");
+            return *ended_;
+          }
+          continue;
+        }
+        outcome = run_members(attempt, m);
+      }
+      if (outcome->success) {
+        finish_round(attempt, -1, m);
+        announce_end(attempt, 0);
         return 0;
       }
-      if (outcome.interrupted) return stopped_by(g_signal.load(), outcome.message);
+      if (outcome->interrupted) return stopped_by(g_signal.load(), outcome->message);
       const bool agent_signalled = g_signal.load() != 0;
-      if (!agent_signalled && attempt < opt_.max_restarts && !outcome.fatal) {
-        log("restarting all workers (restart " + std::to_string(attempt + 1) + " of " + std::to_string(opt_.max_restarts) +
-            ") after: " + outcome.message);
+      if (!agent_signalled && outcome->membership_change) {
+        log("re-forming the job (round " + std::to_string(attempt + 1) + "): " + outcome->message);
         continue;
       }
-      log(outcome.message);
-      finish_round(attempt, outcome.dead_node);
-      return agent_signalled ? 128 + g_signal.load() : outcome.code;
+      if (!agent_signalled && failures < opt_.max_restarts && !outcome->fatal) {
+        ++failures;
+        log("restarting all workers (restart " + std::to_string(failures) + " of " + std::to_string(opt_.max_restarts) +
+            ") after: " + outcome->message);
+        continue;
+      }
+      log(outcome->message);
+      finish_round(attempt, outcome->dead_node, m);
+      const int code = agent_signalled ? 128 + g_signal.load() : outcome->code;
+      announce_end(attempt, code);
+      return code;
     }
   }
 
@@ -150,9 +182,23 @@ class agent {
     bool success = false;
     bool interrupted = false;  // a signal ended the rendezvous (message: during what)
     bool fatal = false;  // no restart possible (e.g. the store is gone)
+    bool membership_change = false;  // elastic: a node asked to join; the next round takes it
     int code = 1;
     int dead_node = -1;  // an agent that stopped heartbeating
     std::string message;
+  };
+
+  // Who runs a round: node ids (their --node-rank) in node order, with their workers and hosts.
+  struct membership {
+    bool member = true;  // elastic: false when the round formed without this node
+    std::vector<int> ids;
+    std::vector<int> nprocs;
+    std::vector<std::string> hosts;
+    int index = 0;  // this agent's place in `ids` (its GROUP_RANK)
+    int worker_port = 0;
+    std::size_t position(int id) const {
+      return static_cast<std::size_t>(std::find(ids.begin(), ids.end(), id) - ids.begin());
+    }
   };
 
   // SIGINT/SIGTERM/SIGHUP before any worker started: one line, 128 + the signal.
@@ -193,9 +239,10 @@ class agent {
     }
   }
 
-  round_outcome run_round(int attempt) {
+  // A fixed-size job's round: every node 0..nnodes-1 announces itself and waits for the others
+  // (gang start). Returns the outcome when the round cannot start.
+  std::optional<round_outcome> form_static(int attempt, membership& m) {
     round_outcome out;
-    // 1. Join: every agent announces itself and waits for the others (gang start).
     std::vector<int> nprocs(static_cast<std::size_t>(opt_.nnodes), 0);
     std::vector<std::string> hosts(static_cast<std::size_t>(opt_.nnodes));
     int worker_port = 0;
@@ -233,12 +280,204 @@ class agent {
       out.message = std::string("rendezvous failed: ") + e.what();
       return out;
     }
+    for (int n = 0; n < opt_.nnodes; ++n) m.ids.push_back(n);
+    m.nprocs = std::move(nprocs);
+    m.hosts = std::move(hosts);
+    m.index = opt_.node_rank;
+    m.worker_port = worker_port;
+    return std::nullopt;
+  }
 
+  // ---- elastic rounds (--nnodes MIN:MAX) ----
+
+  std::string ekey(int round, const std::string& rest) const { return "e/r" + std::to_string(round) + "/" + rest; }
+
+  // The round a starting agent joins: node 0 opens round 0; a later agent joins the round node 0
+  // is forming, or the next one when the current one has formed already (it is running).
+  int first_elastic_round() {
+    if (opt_.node_rank == 0) return 0;
+    const auto cur = store_->try_get("e/current");
+    if (!cur) return 0;
+    const int r = std::stoi(*cur);
+    return store_->try_get(ekey(r, "members")) ? r + 1 : r;
+  }
+
+  std::optional<int> job_finished() {
+    try {
+      if (auto f = store_->try_get("e/finished")) {
+        store_->set("e/ack-end/" + std::to_string(opt_.node_rank), "1");
+        return std::stoi(*f);
+      }
+    } catch (const kft::error&) {
+    }
+    return std::nullopt;
+  }
+  // Node 0, at the end of an elastic job: tells the agents still waiting to be taken in (those
+  // that asked to join the next round), and keeps the store up until they have read it.
+  void announce_end(int round, int code) {
+    if (!opt_.elastic || opt_.node_rank != 0) return;
+    try {
+      store_->set("e/finished", std::to_string(code));
+      await_acks("e/ack-end/", joined(round + 1));
+    } catch (const kft::error&) {
+    }
+  }
+  // Node 0 waits (at most a heartbeat timeout: a dead agent never answers) until each of `ids`
+  // but itself has set prefix<id>.
+  void await_acks(const std::string& prefix, const std::vector<int>& ids) {
+    std::vector<std::string> keys;
+    for (int id : ids)
+      if (id != opt_.node_rank) keys.push_back(prefix + std::to_string(id));
+    try {
+      store_->wait(keys, opt_.heartbeat_timeout);
+    } catch (const kft::error&) {
+    }
+  }
+
+  // The node ids that asked to join round `round`, in order.
+  std::vector<int> joined(int round) {
+    std::vector<int> ids;
+    for (const auto& k : store_->keys(ekey(round, "join/"))) ids.push_back(std::stoi(k.substr(k.rfind('/') + 1)));
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  }
+  std::string joined_host(int round, int id) {
+    std::istringstream v(store_->try_get(ekey(round, "join/" + std::to_string(id))).value_or("? ?"));
+    std::string np, host;
+    v >> np >> host;
+    return host;
+  }
+  std::string describe_joined(int round, const std::vector<int>& ids) {
+    std::string s;
+    for (int n : ids) s += (s.empty() ? "" : ", ") + std::to_string(n) + " on " + joined_host(round, n);
+    return s.empty() ? "none" : s;
+  }
+
+  // An elastic round: this agent asks to join; node 0 closes the round when MAX nodes have
+  // joined, or `last_call` after MIN have; every joined agent reads the members. Returns the
+  // outcome when the round cannot start; `m.member` false when it formed without this node.
+  std::optional<round_outcome> form_elastic(int round, membership& m) {
+    round_outcome out;
+    try {
+      if (opt_.node_rank == 0) store_->set("e/current", std::to_string(round));
+      // The node rank is this agent's identity: a second agent with the same one is refused.
+      const std::string me = std::to_string(opt_.nproc_per_node) + " " + host_ + " " + std::to_string(::getpid());
+      const auto held = store_->compare_set(ekey(round, "join/" + std::to_string(opt_.node_rank)), std::nullopt, me)
+                            .current.value_or(me);
+      if (held != me) {
+        std::istringstream h(held);
+        std::string np, other_host, pid;
+        h >> np >> other_host >> pid;
+        throw kft::config_error("--node-rank", std::to_string(opt_.node_rank),
+                                "node rank " + std::to_string(opt_.node_rank) + " is taken by the agent on " + other_host +
+                                    " (pid " + pid + ") in this elastic job: every agent needs its own");
+      }
+      if (opt_.node_rank == 0) {
+        const auto t0 = clock::now();
+        std::optional<clock::time_point> enough;  // when MIN had joined
+        while (true) {
+          if (g_signal.load() != 0) {
+            out.interrupted = true;
+            out.message = "while forming round " + std::to_string(round) + " (joined: " + describe_joined(round, joined(round)) + ")";
+            return out;
+          }
+          const auto ids = joined(round);
+          const int n = static_cast<int>(ids.size());
+          const auto now = clock::now();
+          if (n >= opt_.min_nodes && !enough) enough = now;
+          if (n >= opt_.nnodes || (enough && now - *enough >= opt_.last_call)) {
+            std::vector<int> members(ids.begin(), ids.begin() + std::min(n, opt_.nnodes));
+            if (std::find(members.begin(), members.end(), 0) == members.end()) members.insert(members.begin(), 0);
+            std::string text;
+            for (int id : members) text += (text.empty() ? "" : " ") + std::to_string(id);
+            store_->set(key(round, "worker_port"), std::to_string(free_port(opt_.master_addr)));
+            store_->set(ekey(round, "members"), text);
+            break;
+          }
+          if (now - t0 >= opt_.rdzv_timeout) {
+            std::string never;
+            for (int id = 0; id < opt_.nnodes; ++id)
+              if (std::find(ids.begin(), ids.end(), id) == ids.end()) never += (never.empty() ? "" : ", ") + std::to_string(id);
+            out.fatal = true;
+            out.message = "rendezvous timed out after " + kft::detail::describe_duration(opt_.rdzv_timeout) + ": " +
+                          std::to_string(n) + " of at least " + std::to_string(opt_.min_nodes) + " nodes joined round " +
+                          std::to_string(round) + " (" + describe_joined(round, ids) + "); node rank(s) " + never +
+                          " did not (run id \"" + opt_.run_id + "\", store " + opt_.master_addr + ":" +
+                          std::to_string(opt_.master_port) + ")";
+            store_->set(ekey(round, "failed"), out.message);
+            await_acks(ekey(round, "ack/"), ids);  // every joined agent reads why before the store goes
+            return out;
+          }
+          std::this_thread::sleep_for(50ms);
+        }
+      }
+      // Every agent (node 0 too): the members, or why the round did not form. An agent that was
+      // not taken in waits here until the next round forms, however long this one runs.
+      std::string members;
+      while (true) {
+        if (g_signal.load() != 0) {
+          out.interrupted = true;
+          out.message = "while waiting to be taken into round " + std::to_string(round);
+          return out;
+        }
+        if (auto f = store_->try_get(ekey(round, "failed"))) {
+          store_->set(ekey(round, "ack/" + std::to_string(opt_.node_rank)), "1");
+          out.fatal = true;
+          out.message = *f;
+          return out;
+        }
+        if (auto v = store_->try_get(ekey(round, "members"))) {
+          members = *v;
+          break;
+        }
+        if ((ended_ = job_finished())) {
+          m.member = false;
+          return std::nullopt;
+        }
+        try {
+          const std::string k[] = {ekey(round, "members")};
+          store_->wait(k, 200ms);
+        } catch (const kft::timeout_error&) {
+        }
+      }
+      std::istringstream in(members);
+      for (int id; in >> id;) m.ids.push_back(id);
+      m.member = std::find(m.ids.begin(), m.ids.end(), opt_.node_rank) != m.ids.end();
+      if (!m.member) return std::nullopt;
+      m.index = static_cast<int>(m.position(opt_.node_rank));
+      for (int id : m.ids) {
+        std::istringstream j(store_->get(ekey(round, "join/" + std::to_string(id)), opt_.rdzv_timeout));
+        int np = 0;
+        std::string h;
+        j >> np >> h;
+        m.nprocs.push_back(np);
+        m.hosts.push_back(h);
+      }
+      m.worker_port = std::stoi(store_->get(key(round, "worker_port"), opt_.rdzv_timeout));
+    } catch (const kft::config_error&) {
+      throw;  // (a node rank in use: kftrun exits 2)
+    } catch (const kft::error& e) {
+      out.fatal = true;
+      out.message = std::string("rendezvous failed: ") + e.what();
+      return out;
+    }
+    std::string who;
+    for (std::size_t i = 0; i < m.ids.size(); ++i)
+      who += (i ? ", " : "") + std::to_string(m.ids[i]) + " on " + m.hosts[i];
+    log("round " + std::to_string(round) + ": " + std::to_string(m.ids.size()) + " node(s) (" + who + "); this node is " +
+        std::to_string(m.index) + " of them");
+    return std::nullopt;
+  }
+
+  // Starts this node's workers for a formed round and watches them and the other nodes.
+  round_outcome run_members(int attempt, const membership& m) {
+    round_outcome out;
+    const int nodes = static_cast<int>(m.ids.size());
     // 2. Start the local workers.
     int world = 0, first_rank = 0;
-    for (int n = 0; n < opt_.nnodes; ++n) {
-      if (n == opt_.node_rank) first_rank = world;
-      world += nprocs[static_cast<std::size_t>(n)];
+    for (int n = 0; n < nodes; ++n) {
+      if (n == m.index) first_rank = world;
+      world += m.nprocs[static_cast<std::size_t>(n)];
     }
     output_options oo;
     oo.to_console = !opt_.log_dir || opt_.tee;
@@ -247,7 +486,7 @@ class agent {
     const auto attempt_dir =
         opt_.log_dir ? *opt_.log_dir / opt_.run_id / ("attempt_" + std::to_string(attempt)) : std::filesystem::path();
     for (int l = 0; l < opt_.nproc_per_node; ++l)
-      group.start({first_rank + l, l, worker_env(attempt, first_rank + l, l, world, worker_port),
+      group.start({first_rank + l, l, worker_env(attempt, first_rank + l, l, world, m),
                    opt_.cpusets.empty() ? std::string() : opt_.cpusets[static_cast<std::size_t>(l)]},
                   attempt_dir);
 
@@ -283,14 +522,16 @@ class agent {
           out.code = rec.code();
           if (rec.get("agent").find("heartbeat") != std::string::npos) out.dead_node = std::stoi(rec.get("node"));
           out.fatal = rec.get("final") == "1";
-          out.message = describe(rec);
+          out.membership_change = rec.get("membership") == "1";
+          out.message = out.membership_change ? "node " + rec.get("node") + " on " + rec.get("host") + " asked to join"
+                                              : describe(rec);
           return out;
         }
         if (!reported_done && group.all_succeeded()) {
           store_->set(key(attempt, "done/" + std::to_string(opt_.node_rank)), "1");
           reported_done = true;
         }
-        if (reported_done && all_done(attempt)) {
+        if (reported_done && all_done(attempt, m)) {
           stop_workers(group);  // whatever they left running (daemons) does not outlive the job
           out.success = true;
           return out;
@@ -299,7 +540,16 @@ class agent {
         if (now >= next_beat) {
           store_->add("hb/" + std::to_string(opt_.node_rank), 1);
           next_beat = now + std::min<std::chrono::milliseconds>(opt_.heartbeat_timeout / 5, 500ms);
-          for (int n = 0; n < opt_.nnodes; ++n) {
+          if (opt_.elastic && nodes < opt_.nnodes && !reported_done) {  // room for a node that asks to join
+            const auto waiting = joined(attempt + 1);
+            if (!waiting.empty())
+              report_failure(attempt, failure::make({{"node", std::to_string(waiting.front())},
+                                                     {"host", joined_host(attempt + 1, waiting.front())},
+                                                     {"code", "0"},
+                                                     {"membership", "1"},
+                                                     {"agent", "asked to join"}}));
+          }
+          for (int n : m.ids) {
             if (n == opt_.node_rank || store_->try_get(key(attempt, "exit/" + std::to_string(n)))) continue;
             const auto v = store_->add("hb/" + std::to_string(n), 0);
             auto [it, fresh] = beats.try_emplace(n, v, now);
@@ -308,7 +558,7 @@ class agent {
             } else if (now - it->second.second > opt_.heartbeat_timeout) {
               report_failure(attempt,
                              failure::make({{"node", std::to_string(n)},
-                                            {"host", hosts[static_cast<std::size_t>(n)]},
+                                            {"host", m.hosts[m.position(n)]},
                                             {"code", "1"},
                                             {"agent", "stopped sending heartbeats for " +
                                                           kft::detail::describe_duration(opt_.heartbeat_timeout) +
@@ -333,8 +583,8 @@ class agent {
           " the workers left running (started with setsid(), outside the workers' process groups)");
   }
 
-  bool all_done(int attempt) {
-    for (int n = 0; n < opt_.nnodes; ++n)
+  bool all_done(int attempt, const membership& m) {
+    for (int n : m.ids)
       if (!store_->try_get(key(attempt, "done/" + std::to_string(n)))) return false;
     return true;
   }
@@ -373,13 +623,17 @@ class agent {
 
   // After the round: say so, and on node 0 keep the store up until every other live agent
   // that joined has read the outcome (a dead agent, named by the failure, is not waited for).
-  void finish_round(int attempt, int dead_node) {
+  void finish_round(int attempt, int dead_node, const membership& m) {
     try {
       store_->set(key(attempt, "exit/" + std::to_string(opt_.node_rank)), "1");
       if (opt_.node_rank != 0) return;
       std::vector<std::string> keys;
+      const auto joined_round = [&](int n) {
+        return opt_.elastic ? std::find(m.ids.begin(), m.ids.end(), n) != m.ids.end()
+                            : store_->try_get(key(attempt, "node/" + std::to_string(n))).has_value();
+      };
       for (int n = 0; n < opt_.nnodes; ++n)
-        if (n != dead_node && store_->try_get(key(attempt, "node/" + std::to_string(n))))  // joined this round
+        if (n != dead_node && joined_round(n))  // joined this round
           keys.push_back(key(attempt, "exit/" + std::to_string(n)));
       store_->wait(keys, opt_.heartbeat_timeout);
     } catch (const kft::error&) {
@@ -387,7 +641,7 @@ class agent {
     }
   }
 
-  std::vector<std::string> worker_env(int attempt, int rank, int local_rank, int world, int worker_port) const {
+  std::vector<std::string> worker_env(int attempt, int rank, int local_rank, int world, const membership& m) const {
     std::map<std::string, std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       std::string kv(*e);
@@ -399,13 +653,13 @@ class agent {
     set("LOCAL_RANK", std::to_string(local_rank));
     set("WORLD_SIZE", std::to_string(world));
     set("LOCAL_WORLD_SIZE", std::to_string(opt_.nproc_per_node));
-    set("GROUP_RANK", std::to_string(opt_.node_rank));
-    set("GROUP_WORLD_SIZE", std::to_string(opt_.nnodes));
+    set("GROUP_RANK", std::to_string(m.index));
+    set("GROUP_WORLD_SIZE", std::to_string(m.ids.size()));
     set("ROLE_NAME", "default");
     set("ROLE_RANK", std::to_string(rank));
     set("ROLE_WORLD_SIZE", std::to_string(world));
     set("MASTER_ADDR", opt_.master_addr);
-    set("MASTER_PORT", std::to_string(worker_port));
+    set("MASTER_PORT", std::to_string(m.worker_port));
     set("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
     set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opt_.max_restarts));
     set("TORCHELASTIC_RUN_ID", opt_.run_id);
@@ -428,6 +682,7 @@ class agent {
   options opt_;
   std::string host_;
   std::shared_ptr<rdzv::store> store_;
+  std::optional<int> ended_;  // elastic: the job's status, seen while waiting to be taken in
 };
 
 }  // namespace kftrun

@@ -78,6 +78,29 @@ inline int resolve_nproc(const std::string& value) {
   }
 }
 
+// --nnodes: N (fixed), or MIN:MAX (elastic; "N:N" is an elastic job of exactly N nodes, whose
+// lost nodes may be replaced by new agents).
+inline void parse_nnodes(const std::string& value, options& o) {
+  auto number = [&](const std::string& part) {
+    try {
+      return static_cast<int>(kft::detail::parse_integer("--nnodes", part, 1, 1 << 20, ""));
+    } catch (const kft::config_error&) {
+      throw kft::config_error("--nnodes", value, "is not a number of nodes N or a range MIN:MAX (each 1 to 1048576)");
+    }
+  };
+  const auto colon = value.find(':');
+  if (colon == std::string::npos) {
+    o.nnodes = o.min_nodes = number(value);
+    o.elastic = false;
+    return;
+  }
+  o.min_nodes = number(value.substr(0, colon));
+  o.nnodes = number(value.substr(colon + 1));
+  o.elastic = true;
+  if (o.min_nodes > o.nnodes)
+    throw kft::config_error("--nnodes", value, "has MIN above MAX");
+}
+
 /// The options to run with, or the exit status when kftrun must not start: 0 after --help or
 /// --version, 2 for bad input (the message, naming the flag and its value, is printed).
 inline std::variant<options, int> parse_command_line(int argc, const char* const* argv) {
@@ -98,8 +121,15 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
                  "bind each worker's CPUs: none, core (an even share of the cores, spread over NUMA nodes), "
                  "numa (its NUMA node), gpu (the cores nearest GPU local-rank %% GPUs)")
       ->envname("KFT_BIND");
-  app.add_option("--nnodes", o.nnodes, "number of nodes (agents) in the job")->envname("PET_NNODES")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  std::string nnodes = "1";
+  app.add_option("--nnodes", nnodes,
+                 "nodes (agents) in the job: N, or MIN:MAX for an elastic job whose rounds re-form as agents join "
+                 "and leave (each agent's --node-rank is then its identity; node 0 hosts the store)")
+      ->envname("PET_NNODES")->capture_default_str();
+  std::optional<double> last_call;
+  app.add_option("--rdzv-last-call", last_call,
+                 "elastic jobs: seconds node 0 waits for more nodes once MIN have joined a round [default: 2]")
+      ->envname("KFT_RDZV_LAST_CALL")->check(CLI::Range(0.0, 3600.0));
   app.add_option("--node-rank,--node_rank", o.node_rank, "this node's index, 0..nnodes-1")->envname("PET_NODE_RANK")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--master-addr,--master_addr", o.master_addr, "address of node 0, where the store listens")
@@ -137,9 +167,13 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
 
   try {
     o.nproc_per_node = resolve_nproc(nproc);
-    if (o.node_rank >= o.nnodes)
-      throw kft::config_error("--node-rank", std::to_string(o.node_rank),
-                              "is not below --nnodes=" + std::to_string(o.nnodes));
+    parse_nnodes(nnodes, o);
+    if (o.node_rank >= o.nnodes && !o.elastic)  // (elastic: an identity, any number; node 0 hosts the store)
+      throw kft::config_error("--node-rank", std::to_string(o.node_rank), "is not below --nnodes=" + nnodes);
+    if (last_call) {
+      if (!o.elastic) throw kft::config_error("--rdzv-last-call", std::to_string(*last_call), "applies to elastic jobs (--nnodes MIN:MAX)");
+      o.last_call = std::chrono::milliseconds(static_cast<long long>(*last_call * 1000));
+    }
     if (standalone && o.nnodes != 1)
       throw kft::config_error("--standalone", "", "means a single node, but --nnodes=" + std::to_string(o.nnodes));
     o.master_port = port ? *port : (o.nnodes == 1 ? 0 : 29500);
