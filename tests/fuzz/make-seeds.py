@@ -176,6 +176,8 @@ write("kftrun_args", "torchrun-forms", argv("--nproc_per_node=auto", "--max_rest
                                             "--term-grace", "0", "--standalone", "prog"))
 write("kftrun_args", "bad", argv("--nnodes", "2", "--node-rank", "2", "--timeout", "1.5h", "--bind", "numa",
                                  "--", "x"))
+write("kftrun_args", "elastic", argv("--nnodes", "2:4", "--node-rank", "7", "--master-addr", "10.0.0.1",
+                                     "--rdzv-last-call", "1.5", "--max-restarts", "3", "--", "./train"))
 write("manifest_args", "trainjob", argv("trainjob", "--name", "cpu-2nodes", "--image", "reg/kft:1", "--nodes", "2",
                                         "--nproc-per-node", "4", "--cpus", "500m", "--memory", "16Gi",
                                         "--env", "A=1", "--label", "team=a", "--queue", "q", "--gang", "volcano",
