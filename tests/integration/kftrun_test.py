@@ -293,6 +293,14 @@ def pet_environment_forms():
                PET_NPROC_PER_NODE="3", PET_MAX_RESTARTS="4")
     expect(p.returncode == 0 and p.stdout.count("/3 restarts=4") == 3, "PET_NPROC_PER_NODE and PET_MAX_RESTARTS are read",
            p.stdout, p.stderr)
+    # An elastic range in PET_NNODES (one agent, 1:2: a job of one node that a second could join).
+    p, _ = run(["--", "sh", "-c", 'echo "$RANK/$WORLD_SIZE nodes=$GROUP_WORLD_SIZE"'], PET_NNODES="1:2",
+               PET_NPROC_PER_NODE="2", PET_RDZV_TIMEOUT="10", KFT_RDZV_TOKEN="t" + MARK, PET_MASTER_PORT=str(free_port()),
+               KFT_RDZV_LAST_CALL="0.2")
+    expect(p.returncode == 0 and p.stdout.count("/2 nodes=1") == 2 and "round 0: 1 node(s)" in p.stderr,
+           "PET_NNODES=MIN:MAX makes an elastic job", p.stdout, p.stderr)
+    p, _ = run(["--", "true"], PET_NNODES="3:2")
+    expect(p.returncode == 2 and '--nnodes="3:2" has MIN above MAX' in p.stderr, "a reversed range is refused", p.stderr)
 
 
 def signal_stops_every_node():
