@@ -21,13 +21,14 @@ parameters compared.
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+
+from procs import free_port  # (this folder is on the path when run as a script)
 
 here = os.path.dirname(os.path.abspath(__file__))
 repo = os.path.dirname(os.path.dirname(here))
@@ -39,14 +40,6 @@ def fail(msg, *context):
     for c in context:
         print("  ", str(c)[-4000:])
     sys.exit(1)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def run(cmd, env, what, timeout=300, done_file=None):
