@@ -3,6 +3,8 @@
 #define BOOST_TEST_MODULE kft_store
 #include <boost/test/unit_test.hpp>
 
+#include <poll.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -321,6 +323,41 @@ BOOST_AUTO_TEST_CASE(garbage_does_not_crash_the_server) {
   rdzv::tcp_store client(o);
   client.set("still", "alive");
   BOOST_TEST(client.get("still", 1s) == "alive");
+}
+
+// A burst of idle connections must not push out one whose hello may still be unread in its
+// socket: while every stranger is younger than the grace, the new ones are closed; past it, the
+// oldest goes (and a real client then gets in).
+BOOST_AUTO_TEST_CASE(a_burst_does_not_evict_connections_younger_than_the_grace) {
+  rdzv::tcp_store_server::options so{"127.0.0.1", 0, "t", [](const std::string&) {}};
+  so.max_unauthenticated = 8;
+  so.shed_grace = 700ms;
+  rdzv::tcp_store_server server(so);
+  auto closed = [](const rdzv::detail::unique_fd& fd) {  // the server hung up (within a short wait)
+    pollfd p{fd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 300) <= 0) return false;
+    char b;
+    return ::recv(fd.get(), &b, 1, MSG_DONTWAIT) <= 0;
+  };
+  std::vector<rdzv::detail::unique_fd> first, burst;
+  for (int i = 0; i < 8; ++i) first.push_back(rdzv::detail::connect_with_retry("127.0.0.1", server.port(), 2s));
+  for (int i = 0; i < 4; ++i) burst.push_back(rdzv::detail::connect_with_retry("127.0.0.1", server.port(), 2s));
+  for (auto& fd : burst) BOOST_TEST(closed(fd), "a connection of the burst is closed");
+  int open_first = 0;
+  for (auto& fd : first) open_first += !closed(fd);
+  BOOST_TEST(open_first == 8, "the earlier ones stay");
+  BOOST_TEST(server.dropped() == 4);
+  std::this_thread::sleep_for(800ms);  // the first 8 are past the grace now
+  auto late = rdzv::detail::connect_with_retry("127.0.0.1", server.port(), 2s);
+  BOOST_TEST(closed(first[0]), "the oldest stranger made room");
+  BOOST_TEST(!closed(late));
+  rdzv::tcp_store::options o;
+  o.host = "127.0.0.1";
+  o.port = server.port();
+  o.token = "t";
+  rdzv::tcp_store client(o);  // the crowd is still there
+  client.set("in", "yes");
+  BOOST_TEST(client.get("in", 1s) == "yes");
 }
 
 BOOST_AUTO_TEST_CASE(rank0_host_keeps_the_store_until_every_rank_left) {

@@ -42,9 +42,12 @@ class tcp_store_server {
     std::chrono::milliseconds hello_timeout{5000};
     /// Most connections waiting for their hello at once; 0 = a quarter of the file
     /// descriptors this process may open (at least 8, at most 1024). When a new one would
-    /// exceed it, the oldest unauthenticated connection is dropped (so an idle crowd cannot
-    /// keep the job's own clients out).
+    /// exceed it, the oldest unauthenticated connection older than `shed_grace` is dropped (so
+    /// an idle crowd cannot keep the job's own clients out); when every one is younger, the new
+    /// one is (so a burst cannot evict a client whose hello is on its way: its client retries).
     int max_unauthenticated = 0;
+    /// How long a connection may wait for its hello to be read before a newer one can push it out.
+    std::chrono::milliseconds shed_grace{250};
   };
 
   explicit tcp_store_server(options opt) : opt_(std::move(opt)) {
@@ -106,6 +109,7 @@ class tcp_store_server {
     std::string in, out;
     bool authed = false;
     bool closing = false;  // close once `out` is flushed
+    detail::clock::time_point accepted;  // when it was accepted
     detail::clock::time_point hello_by;  // unauthenticated: dropped if still silent then
     // A pending get/wait.
     bool waiting = false;
@@ -168,8 +172,8 @@ class tcp_store_server {
       const int fd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          // Out of descriptors: free one by shedding the oldest stranger, and look again
-          // in a moment (the pending connection stays in the backlog).
+          // Out of descriptors: free one by shedding the oldest stranger past its grace, and
+          // look again in a moment (the pending connection stays in the backlog).
           if (!shed_oldest(clients, "out of file descriptors")) {
             if (!warned_fds_) opt_.log("kft store " + address() + ": cannot accept: " + detail::errno_text(errno));
             warned_fds_ = true;
@@ -181,19 +185,26 @@ class tcp_store_server {
       detail::set_nodelay(fd);
       int strangers = 0;
       for (const auto& c : clients) strangers += !c->authed && !c->closing;
-      if (strangers >= opt_.max_unauthenticated) shed_oldest(clients, "too many connections without a hello");
       auto c = std::make_unique<client>();
       c->fd = detail::unique_fd(fd);
       c->peer = detail::peer_name(fd);
-      c->hello_by = detail::clock::now() + opt_.hello_timeout;
+      c->accepted = detail::clock::now();
+      c->hello_by = c->accepted + opt_.hello_timeout;
+      if (strangers >= opt_.max_unauthenticated && !shed_oldest(clients, "too many connections without a hello")) {
+        drop(*c, "too many connections without a hello (all of them newer than " +
+                     std::to_string(opt_.shed_grace.count()) + " ms; it may try again)");
+        continue;  // (closed here: c goes out of scope)
+      }
       clients.push_back(std::move(c));
     }
   }
 
-  // Drops one unauthenticated connection, the oldest. @return false if there is none
+  // Drops one unauthenticated connection, the oldest of those accepted more than `shed_grace`
+  // ago (a younger one's hello may be in its socket, not read yet). @return false if none is
   bool shed_oldest(std::vector<std::unique_ptr<client>>& clients, const char* why) {
+    const auto before = detail::clock::now() - opt_.shed_grace;
     for (auto& c : clients) {  // in accept order
-      if (c->authed || c->closing) continue;
+      if (c->authed || c->closing || c->accepted > before) continue;
       drop(*c, why);
       c->fd.reset();  // its descriptor is needed now, not after the next poll
       return true;
