@@ -28,9 +28,9 @@ trap cleanup EXIT
 "$cluster" up "$name" 3 || exit $?   # 77 passes through as a skip
 master=$("$cluster" addr "$name" 0)
 export KFT_RDZV_TOKEN="elastic-$$-$RANDOM"
-steps=600
+steps=360
 model=(--threads 1 --deterministic --global-batch 96 --micro-shards 6 --max-steps "$steps" --epochs 1 --evals-per-epoch 1)
-train=("${model[@]}" --checkpoint-dir "$tmp/ckpt" --checkpoint-every 25 --resume)
+train=("${model[@]}" --checkpoint-dir "$tmp/ckpt" --checkpoint-every 20 --resume)
 mkdir "$tmp/ckpt"
 
 fail() {
