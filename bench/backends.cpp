@@ -9,6 +9,7 @@
 
 #include <kft/discovery/mpi.hpp>
 #include <kft/group/mpi_group.hpp>
+#include <kft/group/node.hpp>
 #include <kft/rendezvous/store.hpp>
 #include <kft/transport/mpi/communicator.hpp>
 #include <kft/transport/shm/communicator.hpp>
@@ -192,7 +193,9 @@ std::unique_ptr<backend> make_backend(const settings& s, const std::string& whic
   const auto timeout = s.timeout_s > 0 ? std::chrono::milliseconds(std::chrono::seconds(s.timeout_s))
                                        : std::chrono::milliseconds(0);
   if (which == "shm") {
-    kft::shm::config cfg;
+    // The environment's KFT_SHM_* (and KFT_SHM_TUNING's file) apply, as in the process groups;
+    // --staging-bytes / --small-bytes win over them.
+    kft::shm::config cfg = kft::group::shm_config(kft::environment::process());
     cfg.name = "bench";
     if (s.staging_bytes) cfg.staging_bytes = s.staging_bytes;
     if (s.small_bytes) cfg.small_bytes = s.small_bytes;

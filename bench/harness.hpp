@@ -858,10 +858,15 @@ void bench<C>::print_header() {
               a_.min_bytes, a_.max_bytes, a_.step_factor > 1 ? a_.step_factor : a_.step_bytes,
               a_.step_factor > 1 ? "factor" : "bytes", a_.warmup, a_.iters, a_.check);
   const char* avg_names[] = {"rank 0's", "the ranks' mean", "the fastest rank's", "the slowest rank's"};
-  if (shm_cfg_)
-    std::printf("# kft: %d ranks, algo %s, zero-copy %s, staging %zu B, one-shot slot %zu B, time = %s average call (-a %d)\n",
+  if (shm_cfg_) {
+    const char* tuning = std::getenv("KFT_SHM_TUNING");
+    std::printf("# kft: %d ranks, algo %s, zero-copy %s, staging %zu B, one-shot slot %zu B, time = %s average call (-a %d)\n"
+                "# kft: crossovers: %s%s\n",
                 n_, std::string(kft::name(a_.algorithm)).c_str(), a_.zero_copy ? "on" : "off", shm_cfg_->staging_bytes,
-                shm_cfg_->small_bytes, avg_names[a_.average], a_.average);
+                shm_cfg_->small_bytes, avg_names[a_.average], a_.average,
+                tuning && *tuning ? "KFT_SHM_TUNING=" : "kft's defaults (include/kft/transport/shm/tuning.hpp)",
+                tuning && *tuning ? tuning : "");
+  }
   else
     std::printf("# kft: %d ranks, backend %s, algo %s, time = %s average call (-a %d)\n", n_, be_.name().c_str(),
                 std::string(kft::name(a_.algorithm)).c_str(), avg_names[a_.average], a_.average);

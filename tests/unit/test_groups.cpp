@@ -3,8 +3,11 @@
 #define BOOST_TEST_MODULE kft_groups
 #include <boost/test/unit_test.hpp>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -108,6 +111,103 @@ BOOST_AUTO_TEST_CASE(malformed_settings_are_refused_by_the_factory) {
   const kft::environment env(kft::environment::map_type{{"KFT_SHM_SMALL_BYTES", "lots"}});
   BOOST_CHECK_EXCEPTION(kft::group::make_process_group(place(0, 1, 1, 1), store, {}, env), kft::config_error,
                         [](const kft::config_error& e) { return e.variable() == "KFT_SHM_SMALL_BYTES"; });
+}
+
+// KFT_SHM_TUNING: a machine's measured sizes and crossovers (bench/tune_shm.py) reach every
+// communicator the groups build; its rows go before kft's defaults; KFT_SHM_* still win.
+namespace {
+std::string write_temp(const std::string& text) {
+  char path[] = "/tmp/kft-tuning-XXXXXX";
+  const int fd = ::mkstemp(path);
+  BOOST_REQUIRE(fd >= 0);
+  BOOST_REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  ::close(fd);
+  return path;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_tuning_file_sets_sizes_and_crossovers_before_the_defaults) {
+  const std::string path = write_temp(
+      "# measured on a test machine\n"
+      "staging_bytes 1M\n"
+      "small_bytes 64K   # the one-shot slot\n"
+      "\n"
+      "crossover allreduce ranks=2-4 oversubscribed=0 zero_copy=any one_shot_max=32K\n"
+      "crossover broadcast ranks=5-* one_shot_max=4096\n");
+  const auto cfg = kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_SHM_TUNING", path}}));
+  BOOST_TEST(cfg.staging_bytes == 1u << 20);
+  BOOST_TEST(cfg.small_bytes == 64u << 10);
+  BOOST_TEST(cfg.streaming_bytes == kft::shm::config{}.streaming_bytes);
+  BOOST_TEST(cfg.crossovers.size() == std::size(kft::shm::default_crossovers) + 2);
+  BOOST_TEST(cfg.crossovers[1].min_ranks == 5);
+  BOOST_TEST(cfg.crossovers[1].max_ranks == 1 << 20);
+  // 16 KiB on 2 ranks: the defaults say two-shot (8 KiB crossover), the file one-shot.
+  using kft::shm::choose_algorithm;
+  const auto ar = kft::collective::allreduce;
+  BOOST_TEST((choose_algorithm(kft::shm::default_crossovers, ar, 2, false, false, 16u << 10, 64u << 10) ==
+              kft::algo::two_shot));
+  BOOST_TEST((choose_algorithm(cfg.crossovers, ar, 2, false, false, 16u << 10, cfg.small_bytes) == kft::algo::one_shot));
+  BOOST_TEST((choose_algorithm(cfg.crossovers, ar, 2, false, false, 64u << 10, cfg.small_bytes) == kft::algo::two_shot));
+  // A call the file does not cover (oversubscribed) falls back to the default rows.
+  BOOST_TEST((choose_algorithm(cfg.crossovers, ar, 3, true, false, 16u << 10, cfg.small_bytes) == kft::algo::one_shot));
+  BOOST_TEST((choose_algorithm(cfg.crossovers, ar, 3, true, false, 48u << 10, cfg.small_bytes) == kft::algo::two_shot));
+  // A real communicator built from it chooses by the file's rows.
+  auto store = std::make_shared<kft::rendezvous::memory_store>();
+  std::vector<kft::algo> chosen(2);
+  std::vector<std::thread> t;
+  for (int r = 0; r < 2; ++r)
+    t.emplace_back([&, r] {
+      auto c = cfg;
+      c.name = "tuned";
+      kft::shm::communicator comm(store, r, 2, c);
+      chosen[static_cast<std::size_t>(r)] = comm.choose(ar, 16u << 10, false);
+      std::vector<float> x(4096, 1.0f + static_cast<float>(r));  // 16 KiB, one-shot, checked
+      comm.allreduce(std::span<float>(x), kft::ops::sum);
+      BOOST_CHECK(x[0] == 3.0f && x[4095] == 3.0f);
+    });
+  for (auto& th : t) th.join();
+  BOOST_TEST((chosen[0] == kft::algo::one_shot && chosen[1] == kft::algo::one_shot));
+  // KFT_SHM_STAGING_BYTES wins over the file.
+  const auto both = kft::group::shm_config(kft::environment(
+      kft::environment::map_type{{"KFT_SHM_TUNING", path}, {"KFT_SHM_STAGING_BYTES", "65536"}}));
+  BOOST_TEST(both.staging_bytes == 65536u);
+  ::unlink(path.c_str());
+}
+
+BOOST_AUTO_TEST_CASE(a_bad_tuning_file_is_refused_naming_the_line) {
+  struct bad_case {
+    std::string text, expect;
+  };
+  const std::vector<bad_case> cases = {
+      {"staging_bytes 1M\ncrossover allreduce ranks=2 one_shot_max=lots\n", "line 2: one_shot_max takes a byte count"},
+      {"stagin_bytes 1M\n", "line 1: unknown setting \"stagin_bytes\""},
+      {"\n\ncrossover allreduce ranks=2\n", "line 3: crossover needs one_shot_max=BYTES"},
+      {"crossover allgatherv one_shot_max=1K\n", "line 1: unknown collective \"allgatherv\""},
+      {"crossover allreduce ranks=4-2 one_shot_max=1K\n", "line 1: ranks takes N, N-M or N-*"},
+      {"crossover allreduce zero_copy=yes one_shot_max=1K\n", "line 1: zero_copy takes 0, 1 or any"},
+      {"crossover allreduce one_shot_max 1K\n", "line 1: expected key=value"},
+      {"staging_bytes 100\n", "line 1: staging_bytes must be at least 4096"},
+      {"small_bytes 1M 2M\n", "line 1: small_bytes takes one value"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = write_temp(c.text);
+    BOOST_CHECK_EXCEPTION(
+        kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_SHM_TUNING", path}})),
+        kft::config_error, [&](const kft::config_error& e) {
+          const std::string m = e.what();
+          BOOST_TEST_MESSAGE(m);
+          return e.variable() == "KFT_SHM_TUNING" && m.find(path) != std::string::npos &&
+                 m.find(c.expect) != std::string::npos;
+        });
+    ::unlink(path.c_str());
+  }
+  BOOST_CHECK_EXCEPTION(
+      kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_SHM_TUNING", "/nonexistent/tuning"}})),
+      kft::config_error, [](const kft::config_error& e) {
+        const std::string m = e.what();
+        BOOST_TEST_MESSAGE(m);
+        return m.find("/nonexistent/tuning") != std::string::npos && m.find("cannot be read") != std::string::npos;
+      });
 }
 
 // A communicator inside the job says where it is: global rank, then the group and its rank.

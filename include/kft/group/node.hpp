@@ -7,8 +7,15 @@
 ///     auto node = kft::group::node_communicator(store.client, me);   // the ranks on this host
 #pragma once
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include <kft/core/environment.hpp>
 #include <kft/core/parse.hpp>
@@ -19,12 +26,35 @@
 KFT_NAMESPACE_BEGIN
 namespace group {
 
-/// @brief `base` with `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES` and
-/// `KFT_SHM_STREAMING_BYTES` applied (like NCCL_BUFFSIZE: buffers resized without recompiling;
-/// all ranks must see the same values, which the segment header checks).
-/// @throws config_error naming a malformed or out-of-range variable
+/// @brief `base` with `KFT_SHM_TUNING` (a file of this machine's measured sizes and crossovers,
+/// written by `bench/tune_shm.py`: `shm::parse_tuning`; its crossover rows go before base's),
+/// then `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES` and `KFT_SHM_STREAMING_BYTES` applied
+/// (like NCCL_BUFFSIZE: buffers resized without recompiling; all ranks must see the same values,
+/// which the segment header checks).
+/// @throws config_error naming a malformed or out-of-range variable, an unreadable tuning file,
+/// or the line of the file at fault
 inline shm::config shm_config(const environment& env, shm::config base = {}) {
   constexpr std::string_view ctx = "shm communicator";
+  if (auto path = env.get("KFT_SHM_TUNING"); path && !path->empty()) {
+    auto unreadable = [&](const std::string& why) {
+      return config_error("KFT_SHM_TUNING", *path, "cannot be read: " + why + " (bench/tune_shm.py writes one)",
+                          error_site::of("shm tuning"));
+    };
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(*path, ec)) throw unreadable(ec ? ec.message() : "not a regular file");
+    std::ifstream in(*path, std::ios::binary);
+    if (!in.is_open()) throw unreadable(std::strerror(errno));
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (in.bad()) throw unreadable(std::strerror(errno));
+    const shm::tuning t = shm::parse_tuning(text.str(), *path);
+    if (t.staging_bytes) base.staging_bytes = *t.staging_bytes;
+    if (t.small_bytes) base.small_bytes = *t.small_bytes;
+    if (t.streaming_bytes) base.streaming_bytes = *t.streaming_bytes;
+    std::vector<shm::crossover> rows = t.crossovers;
+    rows.insert(rows.end(), base.crossovers.begin(), base.crossovers.end());
+    base.crossovers = shm::keep_table(std::move(rows));
+  }
   if (auto v = env_int(env, "KFT_SHM_STAGING_BYTES", 4096, 1 << 30, ctx)) base.staging_bytes = static_cast<std::size_t>(*v);
   if (auto v = env_int(env, "KFT_SHM_SMALL_BYTES", 64, 1 << 26, ctx)) base.small_bytes = static_cast<std::size_t>(*v);
   if (auto v = env_int(env, "KFT_SHM_STREAMING_BYTES", 0, 1 << 30, ctx)) base.streaming_bytes = static_cast<std::size_t>(*v);

@@ -27,7 +27,8 @@ struct config {
   std::chrono::milliseconds timeout = job_timeout();  ///< default deadline of every wait (KFT_TIMEOUT)
   std::string name = "kft";                  ///< goes into the segment's name (e.g. the run id)
   group_identity identity{};                 ///< where this node's group sits in the job (messages)
-  /// What algo::automatic runs, by size (tuning.hpp); a machine measured differently brings its own rows.
+  /// What algo::automatic runs, by size (tuning.hpp), first matching row first; a machine measured
+  /// differently brings its own rows (`KFT_SHM_TUNING`, written by `bench/tune_shm.py`; `keep_table`).
   std::span<const crossover> crossovers = default_crossovers;
 };
 
