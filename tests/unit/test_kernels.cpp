@@ -134,7 +134,64 @@ void sixteen_bit_case(dtype t) {
       }
 }
 
+// reduce_copy: both destinations get the reference's bits, for every alignment of the second
+// (streaming stores start at its first 16-byte boundary; misaligned elements never stream).
+template <class T>
+void reduce_copy_case(dtype t) {
+  std::mt19937 g(5);
+  for (int n : {1, 2, 3})
+    for (op_kind op : all_ops)
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{129}, std::size_t{4099}})
+        for (std::size_t shift = 0; shift < 16; ++shift)
+          for (bool stream : {false, true}) {
+            std::vector<std::vector<T>> in(static_cast<std::size_t>(n), std::vector<T>(count));
+            for (auto& v : in)
+              for (auto& x : v) x = value<T>(g);
+            if constexpr (!std::is_floating_point_v<T>)
+              if (op == op_kind::prod)
+                for (auto& v : in)
+                  for (auto& x : v) x = static_cast<T>(x % 3);
+            std::vector<const void*> srcs;
+            for (auto& v : in) srcs.push_back(v.data());
+            std::vector<T> a(count);
+            std::vector<unsigned char> raw(count * sizeof(T) + 32, 0xee);
+            auto* second = raw.data() + (16 - (reinterpret_cast<std::uintptr_t>(raw.data()) & 15)) + shift;
+            kft::kernels::reduce_copy(a.data(), second, stream, srcs.data(), n, count, t, op, n);
+            kft::kernels::stream_fence();
+            std::vector<T> b(count);
+            if (count) std::memcpy(b.data(), second, count * sizeof(T));
+            const auto want = reference(in, op, n);
+            BOOST_TEST_CONTEXT(kft::name(t) << " n=" << n << " op=" << static_cast<int>(op) << " count=" << count
+                                            << " shift=" << shift << (stream ? " streaming" : "")) {
+              BOOST_TEST(same_bits(a, want));
+              BOOST_TEST(same_bits(b, want));
+              BOOST_TEST(second[count * sizeof(T)] == 0xee);  // nothing written outside it
+              BOOST_TEST(second[-1] == 0xee);
+            }
+          }
+}
+
 }  // namespace
+
+BOOST_AUTO_TEST_CASE(reduce_copy_writes_both_destinations) {
+  reduce_copy_case<float>(dtype::f32);
+  reduce_copy_case<double>(dtype::f64);
+  reduce_copy_case<std::int32_t>(dtype::i32);
+  reduce_copy_case<std::int64_t>(dtype::i64);
+  reduce_copy_case<std::uint8_t>(dtype::u8);
+  // 16-bit formats take the reduce-then-copy path: the same values in both.
+  std::vector<std::uint16_t> x(1001), y(1001);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = kft::half::from_float(static_cast<float>(i) * 0.25f);
+    y[i] = kft::half::from_float(1.5f);
+  }
+  const void* srcs[] = {x.data(), y.data()};
+  std::vector<std::uint16_t> a(x.size()), b(x.size());
+  kft::kernels::reduce_copy(a.data(), b.data(), true, srcs, 2, x.size(), dtype::f16, op_kind::sum, 2);
+  kft::kernels::stream_fence();
+  BOOST_TEST(same_bits(a, reference16<kft::half>({x, y}, op_kind::sum, 2)));
+  BOOST_TEST(same_bits(b, a));
+}
 
 // The scalar conversions against the compiler's own binary16 (an independent implementation):
 // every half widened, and floats across the whole half range (normal, subnormal, ties, overflow)

@@ -19,7 +19,7 @@
 /// `KFT_INTER_NODE=mpi|gloo` overrides the choice between MPI and Gloo (`auto`, the default:
 /// MPI when it is initialised, else Gloo). The group's `description()` says which it is.
 ///
-/// Environment read here: `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES`,
+/// Environment read here: `KFT_SHM_TUNING` (a file from bench/tune_shm.py), `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES`,
 /// `KFT_SHM_STREAMING_BYTES`, `KFT_RUN_ID`/`TORCHELASTIC_RUN_ID` (segment names), `KFT_ALGO`,
 /// `KFT_MPI_CHECK`, `KFT_INTER_NODE`, `KFT_SOCKET_IFNAME`, `KFT_HOST_ID` (through topology).
 #pragma once

@@ -57,13 +57,27 @@ inline T load(const void* p, std::size_t byte_offset) {
 // one element still happen in source order, so the result is the scalar loop's, bit for bit),
 // then single vectors, then a scalar tail.
 template <class T, op_kind Op>
-void reduce_native(void* dst_v, const void* const* srcs, int n, std::size_t count, int divisor) {
+void reduce_native(void* dst_v, void* dst2_v, bool stream2, const void* const* srcs, int n, std::size_t count,
+                   int divisor) {
   typedef T vec __attribute__((vector_size(vector_bytes)));
   constexpr std::size_t W = vector_bytes / sizeof(T);
   constexpr std::size_t VB = sizeof(vec);
   auto* dst = static_cast<unsigned char*>(dst_v);
+  auto* dst2 = static_cast<unsigned char*>(dst2_v);  // a second copy of the result, or null
   const void* const s0 = srcs[0];
   const T d = static_cast<T>(divisor);
+  // Streaming stores need 16-byte aligned addresses: the elements before dst2's first aligned
+  // one go through the scalar loop (same order of operations, so the same bits).
+  std::size_t head = 0;
+#if defined(__SSE2__)
+  if (dst2 && stream2) {
+    const std::size_t mis = reinterpret_cast<std::uintptr_t>(dst2) & 15;
+    if (mis % sizeof(T) != 0) stream2 = false;
+    else head = std::min(count, ((16 - mis) & 15) / sizeof(T));
+  }
+#else
+  stream2 = false;
+#endif
   // (Lambdas, not function templates: a vector typedef's attribute does not survive being a
   // template argument.)
   const auto ld = [](const void* p, std::size_t o) {
@@ -77,7 +91,33 @@ void reduce_native(void* dst_v, const void* const* srcs, int n, std::size_t coun
     else if constexpr (Op == op_kind::min) return b < a ? b : a;
     else return a < b ? b : a;
   };
-  std::size_t i = 0;
+  const auto store = [&](std::size_t o, const vec& v) {
+    std::memcpy(dst + o, &v, VB);
+    if (!dst2) return;
+#if defined(__SSE2__)
+    if (stream2) {
+      for (std::size_t b = 0; b < VB; b += 16) {
+        __m128i x;
+        std::memcpy(&x, reinterpret_cast<const unsigned char*>(&v) + b, 16);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst2 + o + b), x);
+      }
+      return;
+    }
+#endif
+    std::memcpy(dst2 + o, &v, VB);
+  };
+  const auto scalar = [&](std::size_t from, std::size_t to) {
+    for (std::size_t i = from; i < to; ++i) {
+      const std::size_t o = i * sizeof(T);
+      T a = load<T>(s0, o);
+      for (int k = 1; k < n; ++k) a = apply<T, Op>(a, load<T>(srcs[k], o));
+      if constexpr (Op == op_kind::avg) a = static_cast<T>(a / d);
+      std::memcpy(dst + o, &a, sizeof(T));
+      if (dst2) std::memcpy(dst2 + o, &a, sizeof(T));
+    }
+  };
+  scalar(0, head);
+  std::size_t i = head;
   for (; i + 4 * W <= count; i += 4 * W) {
     const std::size_t o = i * sizeof(T);
     vec a0 = ld(s0, o), a1 = ld(s0, o + VB), a2 = ld(s0, o + 2 * VB), a3 = ld(s0, o + 3 * VB);
@@ -94,25 +134,19 @@ void reduce_native(void* dst_v, const void* const* srcs, int n, std::size_t coun
       a2 = a2 / d;
       a3 = a3 / d;
     }
-    std::memcpy(dst + o, &a0, VB);
-    std::memcpy(dst + o + VB, &a1, VB);
-    std::memcpy(dst + o + 2 * VB, &a2, VB);
-    std::memcpy(dst + o + 3 * VB, &a3, VB);
+    store(o, a0);
+    store(o + VB, a1);
+    store(o + 2 * VB, a2);
+    store(o + 3 * VB, a3);
   }
   for (; i + W <= count; i += W) {
     const std::size_t o = i * sizeof(T);
     vec a = ld(s0, o);
     for (int k = 1; k < n; ++k) a = combine(a, ld(srcs[k], o));
     if constexpr (Op == op_kind::avg) a = a / d;
-    std::memcpy(dst + o, &a, VB);
+    store(o, a);
   }
-  for (; i < count; ++i) {
-    const std::size_t o = i * sizeof(T);
-    T a = load<T>(s0, o);
-    for (int k = 1; k < n; ++k) a = apply<T, Op>(a, load<T>(srcs[k], o));
-    if constexpr (Op == op_kind::avg) a = static_cast<T>(a / d);
-    std::memcpy(dst + o, &a, sizeof(T));
-  }
+  scalar(i, count);
 }
 
 // 16-bit floats in register-wide vectors, with no conversion instruction needed (plain SSE2/NEON
@@ -209,13 +243,14 @@ void reduce_16(void* dst_v, const void* const* srcs, int n, std::size_t count, i
 }
 
 template <op_kind Op>
-void reduce_typed(void* dst, const void* const* srcs, int n, std::size_t count, dtype t, int divisor) {
+void reduce_typed(void* dst, void* dst2, bool stream2, const void* const* srcs, int n, std::size_t count, dtype t,
+                  int divisor) {
   switch (t) {
-    case dtype::f32: return reduce_native<float, Op>(dst, srcs, n, count, divisor);
-    case dtype::f64: return reduce_native<double, Op>(dst, srcs, n, count, divisor);
-    case dtype::i32: return reduce_native<std::int32_t, Op>(dst, srcs, n, count, divisor);
-    case dtype::i64: return reduce_native<std::int64_t, Op>(dst, srcs, n, count, divisor);
-    case dtype::u8: return reduce_native<std::uint8_t, Op>(dst, srcs, n, count, divisor);
+    case dtype::f32: return reduce_native<float, Op>(dst, dst2, stream2, srcs, n, count, divisor);
+    case dtype::f64: return reduce_native<double, Op>(dst, dst2, stream2, srcs, n, count, divisor);
+    case dtype::i32: return reduce_native<std::int32_t, Op>(dst, dst2, stream2, srcs, n, count, divisor);
+    case dtype::i64: return reduce_native<std::int64_t, Op>(dst, dst2, stream2, srcs, n, count, divisor);
+    case dtype::u8: return reduce_native<std::uint8_t, Op>(dst, dst2, stream2, srcs, n, count, divisor);
     case dtype::f16: return reduce_16<half, Op>(dst, srcs, n, count, divisor);
     case dtype::bf16: return reduce_16<bfloat16, Op>(dst, srcs, n, count, divisor);
   }
@@ -263,6 +298,19 @@ inline void stream_fence() {
 #endif
 }
 
+namespace detail {
+inline void reduce_dispatch(void* dst, void* dst2, bool stream2, const void* const* srcs, int n, std::size_t count,
+                            dtype t, op_kind op, int divisor) {
+  switch (op) {
+    case op_kind::sum: return reduce_typed<op_kind::sum>(dst, dst2, stream2, srcs, n, count, t, divisor);
+    case op_kind::prod: return reduce_typed<op_kind::prod>(dst, dst2, stream2, srcs, n, count, t, divisor);
+    case op_kind::min: return reduce_typed<op_kind::min>(dst, dst2, stream2, srcs, n, count, t, divisor);
+    case op_kind::max: return reduce_typed<op_kind::max>(dst, dst2, stream2, srcs, n, count, t, divisor);
+    case op_kind::avg: return reduce_typed<op_kind::avg>(dst, dst2, stream2, srcs, n, count, t, divisor);
+  }
+}
+}  // namespace detail
+
 /// @brief dst = srcs[0] op ... op srcs[n-1] (elementwise, in this order); `avg` divides by `divisor`.
 inline void reduce(void* dst, const void* const* srcs, int n, std::size_t count, dtype t, op_kind op, int divisor) {
   if (count == 0) return;
@@ -270,13 +318,23 @@ inline void reduce(void* dst, const void* const* srcs, int n, std::size_t count,
     if (dst != srcs[0]) std::memcpy(dst, srcs[0], count * size_of(t));
     return;
   }
-  switch (op) {
-    case op_kind::sum: return detail::reduce_typed<op_kind::sum>(dst, srcs, n, count, t, divisor);
-    case op_kind::prod: return detail::reduce_typed<op_kind::prod>(dst, srcs, n, count, t, divisor);
-    case op_kind::min: return detail::reduce_typed<op_kind::min>(dst, srcs, n, count, t, divisor);
-    case op_kind::max: return detail::reduce_typed<op_kind::max>(dst, srcs, n, count, t, divisor);
-    case op_kind::avg: return detail::reduce_typed<op_kind::avg>(dst, srcs, n, count, t, divisor);
+  detail::reduce_dispatch(dst, nullptr, false, srcs, n, count, t, op, divisor);
+}
+
+/// @brief `reduce` into `dst` and the same values into `dst2` in the same pass: the two-shot
+/// allreduce's slice goes to the shared staging buffer (for the peers) and to the caller's
+/// output without reading it back. With `streaming`, `dst2` is written with non-temporal stores
+/// where it is 16-byte aligned (callers fence, `stream_fence`, before publishing). 16-bit
+/// formats reduce into `dst`, then copy.
+inline void reduce_copy(void* dst, void* dst2, bool streaming, const void* const* srcs, int n, std::size_t count,
+                        dtype t, op_kind op, int divisor) {
+  if (count == 0) return;
+  if ((n == 1 && op != op_kind::avg) || t == dtype::f16 || t == dtype::bf16) {
+    reduce(dst, srcs, n, count, t, op, divisor);
+    copy(dst2, dst, count * size_of(t), streaming);
+    return;
   }
+  detail::reduce_dispatch(dst, dst2, streaming, srcs, n, count, t, op, divisor);
 }
 
 }  // namespace kernels

@@ -82,9 +82,10 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
       s.srcs[static_cast<std::size_t>(r)] =
           (r == s.me && !zc_in ? src_user + off * es : src_of(r)) + sb * es;
     unsigned char* shared_slice = zc_out ? s.pool(s.me) + out_off + (off + sb) * es : s.staging(s.me, g) + sb * es;
-    kernels::reduce(shared_slice, s.srcs.data(), s.p, sn, t, op, s.p);
-    if (!zc_out) {
-      kernels::copy(dst_user + (off + sb) * es, shared_slice, sn * es, stream);
+    if (zc_out) {
+      kernels::reduce(shared_slice, s.srcs.data(), s.p, sn, t, op, s.p);
+    } else {  // one pass writes both: no read-back of the slice for the output
+      kernels::reduce_copy(shared_slice, dst_user + (off + sb) * es, stream, s.srcs.data(), s.p, sn, t, op, s.p);
       s.staged.fetch_add(sn * es, std::memory_order_relaxed);
     }
     s.set_stage(3 * g + 2);

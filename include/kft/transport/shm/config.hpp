@@ -2,6 +2,10 @@
 /// @brief Sizes and limits of a shared-memory communicator, fixed at construction.
 #pragma once
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <span>
@@ -19,8 +23,26 @@ using namespace std::chrono_literals;
 /// @brief Sizes and limits of a communicator, fixed at construction (all ranks must agree).
 /// The transport reads no environment variable: `kft::group::shm_config(env)` applies
 /// `KFT_SHM_*` for programs that want them (as the process groups do).
+/// @brief The default chunk (`config::staging_bytes`): this CPU's L2 cache per core, rounded down
+/// to a power of two and clamped to 256 KiB..1 MiB; 256 KiB where the system does not say.
+/// Measured (docs/performance.md): on an AMD EPYC Zen 5 (1 MiB L2) 1 MiB chunks beat 256 KiB by
+/// 10-20% from 16 MiB (a quarter of the synchronisations); 256 KiB was tuned on a machine with a
+/// smaller L2. Every rank of a node computes the same value (the segment header checks it);
+/// `bench/tune_shm.py` measures a machine and `KFT_SHM_TUNING` overrides it.
+inline std::size_t default_staging_bytes() {
+  static const std::size_t bytes = [] {
+    constexpr std::size_t lo = 256u << 10, hi = 1u << 20;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 > 0) return std::clamp(std::bit_floor(static_cast<std::size_t>(l2)), lo, hi);
+#endif
+    return lo;
+  }();
+  return bytes;
+}
+
 struct config {
-  std::size_t staging_bytes = 256u << 10;  ///< per rank, per half of the double buffer (chunk size; both halves fit L2)
+  std::size_t staging_bytes = default_staging_bytes();  ///< per rank, per half of the double buffer (the chunk size)
   std::size_t small_bytes = 32u << 10;     ///< per rank, per parity: the one-shot slot
   std::size_t pool_bytes = 0;              ///< room for symmetric zero-copy buffers (`allocate`)
   std::size_t streaming_bytes = 16u << 20;  ///< outputs from this size on bypass the caches
