@@ -16,8 +16,8 @@ and prints medians over the rounds (busbw in GB/s, nccl-tests' 2(p-1)/p factor).
 
 The bound: bytes each rank moves through memory per byte of its input, counted from what the
 code does (docs/algorithms.md), against memcpy's 2 (one read, one write) in the same run:
-  copy path (two-shot)  copy in (p-1)/p, reduce 1 + 1/p, copy my slice out 2/p, allgather 2(p-1)/p
-                        = 4(p-1)/p + 1 + 3/p   (4.5 at p = 2)
+  copy path (two-shot)  copy in 2(p-1)/p, reduce into staging and output 1 + 2/p, allgather 2(p-1)/p
+                        = 4(p-1)/p + 1 + 2/p   (4 at p = 2)
   zero-copy (two-shot)  reduce 1 + 1/p, allgather 2(p-1)/p  = 3 - 1/p   (2.5 at p = 2)
   bound busbw = memcpy GB/s * 2 / factor * 2(p-1)/p * min(p, cpus)/p   (ranks beyond the CPUs share them)
 The bound is printed for every size but means something only where the data do not fit in the
@@ -64,7 +64,7 @@ def human(n):
 
 
 def copy_factor(p):
-    return 4 * (p - 1) / p + 1 + 3 / p
+    return 4 * (p - 1) / p + 1 + 2 / p
 
 
 def zero_copy_factor(p):
@@ -253,7 +253,7 @@ def main():
              f"--ranks {' '.join(map(str, args.ranks))} --rounds {args.rounds} -b {args.minbytes} -e {args.maxbytes} "
              f"-f {args.stepfactor} -n {args.iters} -w {args.warmup}`; peers: "
              + "; ".join(f"{k}: {v}" for k, v in versions.items()) + ". Bound factors (bytes through memory per "
-             f"input byte, memcpy = 2): copy 4(p-1)/p + 1 + 3/p, zero-copy 3 - 1/p (bench/shm_peers.py).\n")
+             f"input byte, memcpy = 2): copy 4(p-1)/p + 1 + 2/p, zero-copy 3 - 1/p (bench/shm_peers.py).\n")
     for p in args.ranks:
         table = {s: {c: median(v) for c, v in cols.items()} for s, cols in acc[p].items()}
         goals = evaluate(p, table, cpus, args.bound_from)
