@@ -108,9 +108,11 @@ int main(int argc, char** argv) {
     double t_one = MPI_Wtime();
     MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     t_one = MPI_Wtime() - t_one;
+    /* Rank 0's time decides for everyone: ranks that counted differently would call a different
+       number of times (and hang in mismatched collectives). */
+    MPI_Bcast(&t_one, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     int done = iters;
-    if (me == 0 && t_one * iters > budget) done = t_one > budget ? 1 : (int)(budget / t_one);
-    MPI_Bcast(&done, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (t_one * iters > budget) done = t_one > budget ? 1 : (int)(budget / t_one);
     for (int w = 0; w < warmup && (double)w * t_one < budget / 4; ++w)
       MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Barrier(MPI_COMM_WORLD);

@@ -31,8 +31,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from campaign import median_table  # noqa: E402
-from fashion_mnist_peers import cpu_name  # noqa: E402
-from shm_peers import human, parse_size  # noqa: E402
+from shm_peers import cpu_description, human, parse_size  # noqa: E402
 
 PROGRAMS = {"allreduce": "allreduce_perf", "reduce_scatter": "reduce_scatter_perf",
             "broadcast": "broadcast_perf", "allgather": "allgather_perf"}
@@ -161,7 +160,7 @@ def main():
 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = "\n".join([
-        f"# kft shared-memory tuning for {cpu_name()} ({cpus} CPUs), measured {stamp} by",
+        f"# kft shared-memory tuning for {cpu_description()} ({cpus} CPUs), measured {stamp} by",
         f"#   python3 bench/tune_shm.py --ranks {' '.join(map(str, args.ranks))} --rounds {args.rounds}",
         "# Use: KFT_SHM_TUNING=<this file> (every rank of a node must see the same file).",
         f"# chunk: {staging_note}",
