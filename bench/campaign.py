@@ -23,17 +23,25 @@ import sys
 import tempfile
 
 
-def run_once(args, nranks, extra, out_json):
-    cmd = [args.mpirun, "-np", str(nranks), "--oversubscribe", os.path.join(args.build, "bench", args.bench),
-           "--algos", "--json", out_json] + ([] if args.peers else ["--no-peers"]) + extra
+def run_bench_json(mpirun, nranks, program, flags, out_json, timeout, who, drop_env=()):
+    """Runs `program` (with --json out_json) under mpirun and returns its JSON; exits naming the
+    command, with its output, when it fails."""
+    cmd = [mpirun, "-np", str(nranks), "--oversubscribe", program, "--json", out_json] + flags
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=args.timeout)
+    for name in drop_env:
+        env.pop(name, None)
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout)
-        raise SystemExit(f"campaign: {' '.join(cmd)} exited with {proc.returncode}")
+        raise SystemExit(f"{who}: {' '.join(cmd)} exited with {proc.returncode}")
     with open(out_json) as f:
         return json.load(f)
+
+
+def run_once(args, nranks, extra, out_json):
+    return run_bench_json(args.mpirun, nranks, os.path.join(args.build, "bench", args.bench),
+                          ["--algos"] + ([] if args.peers else ["--no-peers"]) + extra, out_json, args.timeout,
+                          "campaign")
 
 
 def median_table(runs):

@@ -20,17 +20,15 @@ A machine with more cores than ranks measured: pass the rank counts you run, e.g
 """
 import argparse
 import datetime
-import json
 import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from campaign import median_table  # noqa: E402
+from campaign import median_table, run_bench_json  # noqa: E402
 from shm_peers import cpu_description, human, parse_size  # noqa: E402
 
 PROGRAMS = {"allreduce": "allreduce_perf", "reduce_scatter": "reduce_scatter_perf",
@@ -38,17 +36,10 @@ PROGRAMS = {"allreduce": "allreduce_perf", "reduce_scatter": "reduce_scatter_per
 
 
 def run_bench(args, program, p, flags, out_json):
-    cmd = [args.mpirun, "-np", str(p), "--oversubscribe", os.path.join(args.build, "bench", program),
-           "--no-peers", "-n", str(args.iters), "-w", str(args.warmup), "-c", "0", "--json", out_json] + flags
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.pop("KFT_SHM_TUNING", None)  # measure kft's own algorithms, not an earlier file's choice
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=args.timeout)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout)
-        raise SystemExit(f"tune_shm: {' '.join(cmd)} exited with {proc.returncode}")
-    with open(out_json) as f:
-        return json.load(f)
+    # KFT_SHM_TUNING dropped: measure kft's own algorithms, not an earlier file's choice.
+    return run_bench_json(args.mpirun, p, os.path.join(args.build, "bench", program),
+                          ["--no-peers", "-n", str(args.iters), "-w", str(args.warmup), "-c", "0"] + flags, out_json,
+                          args.timeout, "tune_shm", drop_env=("KFT_SHM_TUNING",))
 
 
 def choice_bytes(coll, size, p):

@@ -76,6 +76,19 @@ T value(std::mt19937& g) {
   else return static_cast<T>(std::uniform_int_distribution<int>(-50, 50)(g));
 }
 
+// n inputs of `count` random values; integer products stay in range (values in -2..2).
+template <class T>
+std::vector<std::vector<T>> random_inputs(std::mt19937& g, int n, std::size_t count, op_kind op) {
+  std::vector<std::vector<T>> in(static_cast<std::size_t>(n), std::vector<T>(count));
+  for (auto& v : in)
+    for (auto& x : v) {
+      x = value<T>(g);
+      if constexpr (!std::is_floating_point_v<T>)
+        if (op == op_kind::prod) x = static_cast<T>(x % 3);
+    }
+  return in;
+}
+
 const op_kind all_ops[] = {op_kind::sum, op_kind::prod, op_kind::min, op_kind::max, op_kind::avg};
 const std::size_t counts[] = {0, 1, 3, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 1023, 4099};
 
@@ -87,13 +100,7 @@ void native_case(dtype t) {
       for (std::size_t count : counts)
         for (bool in_place : {false, true}) {
           if (in_place && n == 1) continue;
-          std::vector<std::vector<T>> in(static_cast<std::size_t>(n), std::vector<T>(count));
-          for (auto& v : in)
-            for (auto& x : v) x = value<T>(g);
-          if constexpr (!std::is_floating_point_v<T>)
-            if (op == op_kind::prod)
-              for (auto& v : in)
-                for (auto& x : v) x = static_cast<T>(x % 3);  // keep products in range
+          const auto in = random_inputs<T>(g, n, count, op);
           const auto got = run(in, t, op, n, in_place);
           const auto want = reference(in, op, n);
           BOOST_TEST_CONTEXT(kft::name(t) << " n=" << n << " op=" << static_cast<int>(op) << " count=" << count
@@ -144,13 +151,7 @@ void reduce_copy_case(dtype t) {
       for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{129}, std::size_t{4099}})
         for (std::size_t shift = 0; shift < 16; ++shift)
           for (bool stream : {false, true}) {
-            std::vector<std::vector<T>> in(static_cast<std::size_t>(n), std::vector<T>(count));
-            for (auto& v : in)
-              for (auto& x : v) x = value<T>(g);
-            if constexpr (!std::is_floating_point_v<T>)
-              if (op == op_kind::prod)
-                for (auto& v : in)
-                  for (auto& x : v) x = static_cast<T>(x % 3);
+            auto in = random_inputs<T>(g, n, count, op);
             std::vector<const void*> srcs;
             for (auto& v : in) srcs.push_back(v.data());
             std::vector<T> a(count);
