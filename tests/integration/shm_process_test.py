@@ -113,6 +113,21 @@ def main():
         expect(took < 10, f"the survivors gave up within seconds ({took:.1f} s)")
         expect(not during, "/dev/shm held no segment while the job ran (unlinked once mapped)", during)
         expect(not shm_entries(), "and none afterwards", shm_entries())
+    elif SCENARIO == "kill_mid_call":
+        # The survivors' first wait of the call is slow (rank 1 comes 300 ms late), so a later
+        # phase of the same call must still look for dead peers.
+        procs = by_hand(3, "kill_mid_call")
+        t0 = time.monotonic()
+        results = [p.communicate(timeout=120) for p in procs]
+        took = time.monotonic() - t0
+        expect(procs[1].returncode == -9, "rank 1 died by SIGKILL", procs[1].returncode, results[1][1])
+        for r in (0, 2):
+            err = results[r][1]
+            expect(procs[r].returncode == 3, f"rank {r} failed with a kft error", procs[r].returncode, err)
+            expect("rank 1 (pid" in err and "died during #" in err,
+                   f"rank {r}'s error names the dead rank (seen by liveness, not the 60 s deadline)", err)
+        expect(took < 15, f"the survivors gave up within seconds ({took:.1f} s; deadline 60 s)")
+        expect(not shm_entries(), "no segment left", shm_entries())
     elif SCENARIO == "mismatch":
         procs = by_hand(2, "mismatch")
         results = [p.communicate(timeout=60) for p in procs]

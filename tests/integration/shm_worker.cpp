@@ -4,6 +4,10 @@
 //              out of place, zero-copy; exit 0 when every element is right
 //   kill       allreduce in a loop; rank 1 kills itself (SIGKILL) at iteration 20; the others
 //              must fail with a kft::error (printed) and exit 3
+//   kill_mid_call  rank 1 arrives 300 ms after the others (their wait is slow, so the call's
+//              deadline is already set), starts a 64 MiB allreduce on a thread and kills itself
+//              10 ms into it: the survivors must see the death in a later phase of that call
+//              (exit 3), not run into the 60 s deadline
 //   mismatch   rank 0 broadcasts 4096 floats while rank 1 allreduces 1048576: mismatch_error, exit 4
 #include <signal.h>
 
@@ -110,6 +114,22 @@ int main(int argc, char** argv) {
           if (me.rank == 1 && it == 20) ::raise(SIGKILL);
           comm.allreduce(std::span<float>(buf), kft::ops::avg);
         }
+      } catch (const kft::error& e) {
+        std::fprintf(stderr, "rank %d: %s\n", me.rank, e.what());
+        status = 3;
+      }
+    } else if (mode == "kill_mid_call") {
+      std::vector<float> buf(16u << 20, 1.0f);
+      comm.barrier();
+      if (me.rank == 1) {
+        std::this_thread::sleep_for(300ms);
+        std::thread t([&] { comm.allreduce(std::span<float>(buf), kft::ops::sum); });
+        std::this_thread::sleep_for(10ms);
+        ::raise(SIGKILL);
+        t.join();
+      }
+      try {
+        for (int it = 0; it < 4; ++it) comm.allreduce(std::span<float>(buf), kft::ops::sum);
       } catch (const kft::error& e) {
         std::fprintf(stderr, "rank %d: %s\n", me.rank, e.what());
         status = 3;

@@ -360,6 +360,66 @@ BOOST_AUTO_TEST_CASE(a_burst_does_not_evict_connections_younger_than_the_grace) 
   BOOST_TEST(client.get("in", 1s) == "yes");
 }
 
+// A store full of strangers younger than the grace closes a newcomer at once; the job's own
+// client then connects again (with backoff, until its deadline) instead of failing.
+BOOST_AUTO_TEST_CASE(a_client_turned_away_by_a_full_store_connects_again) {
+  rdzv::tcp_store_server::options so{"127.0.0.1", 0, "t", [](const std::string&) {}};
+  so.max_unauthenticated = 4;
+  so.shed_grace = 60s;  // nobody can be shed: every newcomer is turned away while the crowd stays
+  rdzv::tcp_store_server server(so);
+  std::vector<rdzv::detail::unique_fd> crowd;
+  for (int i = 0; i < 4; ++i) crowd.push_back(rdzv::detail::connect_with_retry("127.0.0.1", server.port(), 2s));
+  std::string failure;
+  bool joined = false;
+  std::thread agent([&] {  // records; the test thread checks (Boost.Test is not thread-safe)
+    try {
+      rdzv::tcp_store::options o;
+      o.host = "127.0.0.1";
+      o.port = server.port();
+      o.token = "t";
+      o.connect_timeout = 20s;
+      rdzv::tcp_store client(o);
+      client.set("in", "yes");
+      joined = client.get("in", 1s) == "yes";
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  });
+  const auto turned_away_by = std::chrono::steady_clock::now() + 5s;
+  while (server.dropped() == 0 && std::chrono::steady_clock::now() < turned_away_by) std::this_thread::sleep_for(10ms);
+  const auto turned_away = server.dropped();
+  crowd.clear();  // the crowd leaves; the client's next attempt gets a slot
+  agent.join();
+  BOOST_TEST(turned_away >= 1u, "the full store turned the client's first connection away");
+  BOOST_TEST(failure.empty(), failure);
+  BOOST_TEST(joined);
+}
+
+// A stranger that has sent bytes may be a client whose hello is arriving: shedding passes over
+// it to the oldest silent one (the hello deadline still ends a slow talker).
+BOOST_AUTO_TEST_CASE(shedding_passes_over_a_stranger_that_has_sent_bytes) {
+  rdzv::tcp_store_server::options so{"127.0.0.1", 0, "t", [](const std::string&) {}};
+  so.max_unauthenticated = 2;
+  so.shed_grace = 100ms;
+  rdzv::tcp_store_server server(so);
+  auto closed = [](const rdzv::detail::unique_fd& fd) {
+    pollfd p{fd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 300) <= 0) return false;
+    char b;
+    return ::recv(fd.get(), &b, 1, MSG_DONTWAIT) <= 0;
+  };
+  auto talker = rdzv::detail::connect_with_retry("127.0.0.1", server.port(), 2s);  // the older one
+  const char partial[2] = {8, 0};  // half of a frame header
+  BOOST_REQUIRE(::send(talker.get(), partial, sizeof partial, MSG_NOSIGNAL) == 2);
+  auto silent = rdzv::detail::connect_with_retry("127.0.0.1", server.port(), 2s);
+  std::this_thread::sleep_for(300ms);  // both past the grace
+  auto newcomer = rdzv::detail::connect_with_retry("127.0.0.1", server.port(), 2s);
+  BOOST_TEST(closed(silent), "the silent stranger is shed");
+  BOOST_TEST(!closed(talker), "the older one that has sent bytes stays");
+  BOOST_TEST(!closed(newcomer));
+  BOOST_TEST(server.dropped() == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(rank0_host_keeps_the_store_until_every_rank_left) {
   int port = 0;
   {

@@ -21,7 +21,9 @@
 #include <algorithm>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <kft/core/timeout.hpp>
@@ -52,9 +54,23 @@ class tcp_store final : public store {
   /// @throws timeout_error naming the address when it cannot connect in time
   /// @throws config_error when the server refuses the token
   explicit tcp_store(options opt) : opt_(std::move(opt)) {
-    fd_ = detail::connect_with_retry(opt_.host, opt_.port, opt_.connect_timeout, opt_.cancelled);
-    auto r = request(wire::writer().u8(static_cast<std::uint8_t>(wire::op::hello)).str(opt_.token).str(opt_.name).done(),
-                     opt_.io_timeout, "hello");
+    const auto deadline = detail::clock::now() + opt_.connect_timeout;
+    const auto hello = wire::writer().u8(static_cast<std::uint8_t>(wire::op::hello)).str(opt_.token).str(opt_.name).done();
+    std::optional<wire::reader> reply;
+    for (auto pause = std::chrono::milliseconds(20); !reply;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - detail::clock::now());
+      fd_ = detail::connect_with_retry(opt_.host, opt_.port, std::max(left, std::chrono::milliseconds(1)), opt_.cancelled);
+      try {
+        reply = request(hello, opt_.io_timeout, "hello");
+      } catch (const transport_error&) {
+        // A store flooded by connections that never say hello sheds some of them, possibly
+        // this one before its hello was read: connect again, with backoff, until the deadline.
+        if (detail::clock::now() + pause >= deadline || (opt_.cancelled && opt_.cancelled())) throw;
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+      }
+    }
+    auto& r = *reply;
     if (static_cast<wire::status>(r.u8()) != wire::status::ok) {
       fd_.reset();
       throw config_error("KFT_RDZV_TOKEN", "(hidden)",

@@ -42,9 +42,10 @@ class tcp_store_server {
     std::chrono::milliseconds hello_timeout{5000};
     /// Most connections waiting for their hello at once; 0 = a quarter of the file
     /// descriptors this process may open (at least 8, at most 1024). When a new one would
-    /// exceed it, the oldest unauthenticated connection older than `shed_grace` is dropped (so
-    /// an idle crowd cannot keep the job's own clients out); when every one is younger, the new
-    /// one is (so a burst cannot evict a client whose hello is on its way: its client retries).
+    /// exceed it, the oldest silent unauthenticated connection older than `shed_grace` is
+    /// dropped (so an idle crowd cannot keep the job's own clients out); when there is none, the
+    /// new one is (so a burst cannot evict a client whose hello is on its way; a client whose
+    /// connection is dropped before its hello was read connects again until its deadline).
     int max_unauthenticated = 0;
     /// How long a connection may wait for its hello to be read before a newer one can push it out.
     std::chrono::milliseconds shed_grace{250};
@@ -200,11 +201,14 @@ class tcp_store_server {
   }
 
   // Drops one unauthenticated connection, the oldest of those accepted more than `shed_grace`
-  // ago (a younger one's hello may be in its socket, not read yet). @return false if none is
+  // ago that has sent nothing yet (a younger one's hello, or any one's bytes already sent, may
+  // be a hello not read yet; those go by the hello deadline instead). @return false if none is
   bool shed_oldest(std::vector<std::unique_ptr<client>>& clients, const char* why) {
     const auto before = detail::clock::now() - opt_.shed_grace;
     for (auto& c : clients) {  // in accept order
-      if (c->authed || c->closing || c->accepted > before) continue;
+      if (c->authed || c->closing || c->accepted > before || !c->in.empty()) continue;
+      char byte = 0;
+      if (::recv(c->fd.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0) continue;
       drop(*c, why);
       c->fd.reset();  // its descriptor is needed now, not after the next poll
       return true;

@@ -293,10 +293,10 @@ struct state {
       }
       if ((spin & 63) != 63) continue;
       const auto now = std::chrono::steady_clock::now();
-      if (deadline == std::chrono::steady_clock::time_point{}) {  // first slow poll of this call
-        deadline = now + timeout;
-        next_liveness = now + 50ms;
-      }
+      // The call's deadline is set by its first slow poll; liveness is looked at by every wait
+      // of the call, including waits of later phases that start with the deadline already set.
+      if (deadline == std::chrono::steady_clock::time_point{}) deadline = now + timeout;
+      if (next_liveness == std::chrono::steady_clock::time_point::max()) next_liveness = now + 50ms;
       if (now >= next_liveness) {
         next_liveness = now + 100ms;
         for (int r = 0; r < p; ++r)
