@@ -12,7 +12,9 @@ runs (float sum, out of place, one buffer pair reused for every call):
   Open MPI       allreduce_loop.openmpi --memcpy    (a plain MPI_Allreduce loop; rank 0 also times memcpy)
   Open MPI tuned allreduce_loop.openmpi --tuned-malloc (mallopt keeps freed memory: no page faults per call)
   MPICH          allreduce_loop.mpich, under mpirun.mpich
-and prints medians over the rounds (busbw in GB/s, nccl-tests' 2(p-1)/p factor).
+and prints medians over the rounds (busbw in GB/s, nccl-tests' 2(p-1)/p factor). The MPI loops
+run at least 10 ms of calls per size; kft's sizes below --small-below (1 MiB) run in a run of
+their own with --small-iters (1000) calls, so no column's small sizes carry first-call costs.
 
 The bound: bytes each rank moves through memory per byte of its input, counted from what the
 code does (docs/algorithms.md), against memcpy's 2 (one read, one write) in the same run:
@@ -104,14 +106,34 @@ def max_bytes(args, p):
     return args.maxbytes if p <= (os.cpu_count() or 1) else min(args.maxbytes, args.maxbytes_oversubscribed)
 
 
+def size_grid(args, p):
+    sizes, s = [], args.minbytes
+    while s <= max_bytes(args, p):
+        sizes.append(s)
+        s *= args.stepfactor
+    return sizes
+
+
 def kft_run(args, p, zero_copy, out_json):
-    cmd = [args.ompi_mpirun, "-np", str(p), "--oversubscribe", os.path.join(args.build, "bench", "allreduce_perf"),
-           "--no-peers", "-b", str(args.minbytes), "-e", str(max_bytes(args, p)), "-f", str(args.stepfactor),
-           "-n", str(args.iters), "-w", str(args.warmup), "--json", out_json] + (["--zero-copy"] if zero_copy else [])
-    run(cmd, args.timeout)
-    with open(out_json) as f:
-        doc = json.load(f)
-    return {row["size"]: row["out_of_place"]["time"] for row in doc["results"]}  # us, slowest rank's average
+    """Two runs of allreduce_perf: sizes below --small-below with --small-iters calls (the MPI loops
+    run at least 10 ms of calls per size, so a few calls of a microsecond would compare first-call
+    costs with a steady state), the rest with -n."""
+    grid = size_grid(args, p)
+    small = [s for s in grid if s < args.small_below]
+    large = [s for s in grid if s >= args.small_below]
+    out = {}
+    for part, iters, warmup in ((small, args.small_iters, max(args.warmup, args.small_iters // 10)),
+                                (large, args.iters, args.warmup)):
+        if not part:
+            continue
+        cmd = [args.ompi_mpirun, "-np", str(p), "--oversubscribe", os.path.join(args.build, "bench", "allreduce_perf"),
+               "--no-peers", "-b", str(part[0]), "-e", str(part[-1]), "-f", str(args.stepfactor),
+               "-n", str(iters), "-w", str(warmup), "--json", out_json] + (["--zero-copy"] if zero_copy else [])
+        run(cmd, args.timeout)
+        with open(out_json) as f:
+            doc = json.load(f)
+        out.update({row["size"]: row["out_of_place"]["time"] for row in doc["results"]})  # us, slowest rank's average
+    return out
 
 
 def loop_run(args, p, mpirun, program, flags):
@@ -221,6 +243,10 @@ def main():
     ap.add_argument("-f", "--stepfactor", type=int, default=4, help="size factor between rows (default: 4)")
     ap.add_argument("-n", "--iters", type=int, default=10, help="timed calls per size (default: 10)")
     ap.add_argument("-w", "--warmup", type=int, default=2, help="warm-up calls per size (default: 2)")
+    ap.add_argument("--small-below", type=parse_size, default=parse_size("1M"),
+                    help="kft sizes below this run --small-iters calls (default: 1M)")
+    ap.add_argument("--small-iters", type=int, default=1000,
+                    help="kft's timed calls per small size; a tenth of it warms up (default: 1000)")
     ap.add_argument("--budget", type=float, default=1.0,
                     help="the MPI loops' seconds per size: fewer calls where n would take longer (default: 1)")
     ap.add_argument("--bound-from", type=parse_size, default=parse_size("64M"),
@@ -231,8 +257,8 @@ def main():
     ap.add_argument("--update-doc", metavar="FILE",
                     help="replace the text between <!-- shm_peers:begin --> and <!-- shm_peers:end --> in FILE")
     args = ap.parse_args()
-    if args.rounds < 1 or args.stepfactor < 2 or args.iters < 1 or args.warmup < 0:
-        ap.error("--rounds and -n must be >= 1, -f >= 2, -w >= 0")
+    if args.rounds < 1 or args.stepfactor < 2 or args.iters < 1 or args.warmup < 0 or args.small_iters < 1:
+        ap.error("--rounds, -n and --small-iters must be >= 1, -f >= 2, -w >= 0")
     if args.minbytes < 4 or args.minbytes > args.maxbytes:
         ap.error(f"-b must be >= 4 and <= -e (got -b {args.minbytes} -e {args.maxbytes})")
     if any(p < 2 for p in args.ranks):
@@ -274,7 +300,9 @@ def main():
     intro = (f"Measured {stamp} on {cpu_description()} ({cpus} CPUs) by `python3 bench/shm_peers.py --build BUILD "
              f"--ranks {' '.join(map(str, args.ranks))} --rounds {args.rounds} -b {args.minbytes} -e {args.maxbytes} "
              f"--maxbytes-oversubscribed {args.maxbytes_oversubscribed} "
-             f"-f {args.stepfactor} -n {args.iters} -w {args.warmup}`; peers: "
+             f"-f {args.stepfactor} -n {args.iters} -w {args.warmup} --small-below {args.small_below} "
+             f"--small-iters {args.small_iters}` (kft: the small sizes in a run of their own with --small-iters "
+             "calls; the MPI loops: at least 10 ms of calls per size); peers: "
              + "; ".join(f"{k}: {v}" for k, v in versions.items()) + ". Bound factors (bytes through memory per "
              f"input byte, memcpy = 2): copy 4(p-1)/p + 1 + 2/p, zero-copy 3 - 1/p (bench/shm_peers.py).\n")
     for p in args.ranks:
