@@ -35,10 +35,12 @@ PROGRAMS = {"allreduce": "allreduce_perf", "reduce_scatter": "reduce_scatter_per
             "broadcast": "broadcast_perf", "allgather": "allgather_perf"}
 
 
-def run_bench(args, program, p, flags, out_json):
+def run_bench(args, program, p, flags, out_json, iters=None):
     # KFT_SHM_TUNING dropped: measure kft's own algorithms, not an earlier file's choice.
+    n = iters or args.iters
+    w = max(args.warmup, n // 10)
     return run_bench_json(args.mpirun, p, os.path.join(args.build, "bench", program),
-                          ["--no-peers", "-n", str(args.iters), "-w", str(args.warmup), "-c", "0"] + flags, out_json,
+                          ["--no-peers", "-n", str(n), "-w", str(w), "-c", "0"] + flags, out_json,
                           args.timeout, "tune_shm", drop_env=("KFT_SHM_TUNING",))
 
 
@@ -84,11 +86,14 @@ def main():
                     help="sizes the chunk size is judged on (default: 16M 256M)")
     ap.add_argument("-n", "--iters", type=int, default=20, help="timed calls per size (default: 20)")
     ap.add_argument("-w", "--warmup", type=int, default=5, help="warm-up calls per size (default: 5)")
+    ap.add_argument("--crossover-iters", type=int, default=500,
+                    help="timed calls per size for the crossovers (microseconds each: few calls would time "
+                         "first-call costs; a tenth of it warms up; default: 500)")
     ap.add_argument("--mpirun", default=shutil.which("mpirun.openmpi") or "mpirun")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run (default: 900)")
     args = ap.parse_args()
-    if args.rounds < 1 or args.iters < 1 or args.warmup < 0 or any(p < 2 for p in args.ranks):
-        ap.error("--rounds and -n must be >= 1, -w >= 0, every rank count >= 2")
+    if args.rounds < 1 or args.iters < 1 or args.crossover_iters < 1 or args.warmup < 0 or any(p < 2 for p in args.ranks):
+        ap.error("--rounds, -n and --crossover-iters must be >= 1, -w >= 0, every rank count >= 2")
     if any(s < 4096 for s in args.staging_sizes):
         ap.error("--staging-sizes must be at least 4K each")
     for coll in args.collectives:
@@ -136,7 +141,7 @@ def main():
                       file=sys.stderr, flush=True)
                 flags = ["-b", str(lo), "-e", str(hi), "-f", "2", "--algos", "--staging-bytes", str(staging)]
                 results[case].append(run_bench(args, PROGRAMS[coll], p, flags + (["--zero-copy"] if zc else []),
-                                               os.path.join(tmp, "c.json")))
+                                               os.path.join(tmp, "c.json"), args.crossover_iters))
         for case in cases:
             coll, p, zc = case
             table = {choice_bytes(coll, size, p): r for size, r in median_table(results[case]).items()}
