@@ -58,8 +58,7 @@ class tcp_store final : public store {
     const auto hello = wire::writer().u8(static_cast<std::uint8_t>(wire::op::hello)).str(opt_.token).str(opt_.name).done();
     std::optional<wire::reader> reply;
     for (auto pause = std::chrono::milliseconds(20); !reply;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - detail::clock::now());
-      fd_ = detail::connect_with_retry(opt_.host, opt_.port, std::max(left, std::chrono::milliseconds(1)), opt_.cancelled);
+      fd_ = detail::connect_until(opt_.host, opt_.port, deadline, opt_.connect_timeout, opt_.cancelled);
       try {
         reply = request(hello, opt_.io_timeout, "hello");
       } catch (const transport_error&) {

@@ -145,13 +145,13 @@ inline unique_fd listen_on(const std::string& host, int port) {
                         error_site::of("store listen"), last);
 }
 
-/// Connects to host:port, retrying with backoff until `timeout` has passed, or until
-/// `cancelled` (checked between attempts, at least every 250 ms) returns true.
-/// @throws timeout_error naming the address and the last error
+/// Connects to host:port, retrying with backoff until `deadline`, or until `cancelled` (checked
+/// between attempts, at least every 250 ms) returns true. `timeout` is what the error message
+/// names (the whole wait the caller was given, which may have begun before this call).
+/// @throws timeout_error naming the address, the timeout and the last error
 /// @throws usage_error when cancelled
-inline unique_fd connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout,
-                                    const std::function<bool()>& cancelled = {}) {
-  const auto deadline = clock::now() + timeout;
+inline unique_fd connect_until(const std::string& host, int port, clock::time_point deadline,
+                               std::chrono::milliseconds timeout, const std::function<bool()>& cancelled = {}) {
   auto pause = std::chrono::milliseconds(20);
   std::string last = "no attempt";
   while (true) {
@@ -201,6 +201,12 @@ inline unique_fd connect_with_retry(const std::string& host, int port, std::chro
     std::this_thread::sleep_for(std::min<clock::duration>(pause, deadline - now));  // one last try at the deadline
     pause = std::min(pause * 2, std::chrono::milliseconds(cancelled ? 250 : 1000));
   }
+}
+
+/// connect_until with a deadline `timeout` from now.
+inline unique_fd connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout,
+                                    const std::function<bool()>& cancelled = {}) {
+  return connect_until(host, port, clock::now() + timeout, timeout, cancelled);
 }
 
 /// Waits for `events` on fd until the deadline; false on timeout.

@@ -43,10 +43,10 @@ inline void allgather(state& s, const void* in, void* out, std::size_t sc, dtype
       unsigned char* to = dst + (static_cast<std::size_t>(r) * sc + off) * es;
       if (from != to) std::memcpy(to, from, n * es);
     }
-    s.set_stage(3 * g + 3);
+    s.finish_chunk(g);
   }
   // Peers may still be copying my zero-copy input, which the caller may overwrite once this returns.
-  if (zc) s.wait_stage(k, 3 * (s.chunk - 1) + 3, "zero-copy release");
+  if (zc) s.wait_done(k, s.chunk, "zero-copy release");
 }
 
 inline void barrier(state& s, const options& o) {

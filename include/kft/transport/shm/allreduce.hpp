@@ -37,22 +37,38 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
   if (chunk_elems >= static_cast<std::size_t>(s.p)) chunk_elems -= chunk_elems % static_cast<std::size_t>(s.p);
   const auto* src_user = static_cast<const unsigned char*>(in);
   auto* dst_user = static_cast<unsigned char*>(out);
-  for (std::size_t off = 0; off < count; off += chunk_elems) {
-    const std::size_t n = std::min(chunk_elems, count - off);
-    const std::uint64_t g = s.chunk++;
-    const auto [sb, sn] = s.slice(n, s.me);
+  const std::size_t chunks = (count + chunk_elems - 1) / chunk_elems;
+  const std::uint64_t g0 = s.chunk;
+  s.chunk += chunks;
+  auto chunk_at = [&](std::size_t i) { return std::pair{i * chunk_elems, std::min(chunk_elems, count - i * chunk_elems)}; };
+  // Copy in what the others will read: every slice but my own for two-shot (I read mine in
+  // place), everything for one-shot. Publishes stage 3g+1.
+  auto copy_in = [&](std::size_t i) {
+    const std::uint64_t g = g0 + i;
+    const auto [off, n] = chunk_at(i);
     s.claim_chunk(k, g);
-    // 1. Copy in what the others will read: every slice but my own (I read mine in place).
     if (!zc_in) {
-      s.staged.fetch_add((a == algo::one_shot ? n : n - sn) * es, std::memory_order_relaxed);
       if (a == algo::one_shot) {
         std::memcpy(s.staging(s.me, g), src_user + off * es, n * es);
+        s.staged.fetch_add(n * es, std::memory_order_relaxed);
       } else {
+        const auto [sb, sn] = s.slice(n, s.me);
         std::memcpy(s.staging(s.me, g), src_user + off * es, sb * es);
         std::memcpy(s.staging(s.me, g) + (sb + sn) * es, src_user + (off + sb + sn) * es, (n - sb - sn) * es);
+        s.staged.fetch_add((n - sn) * es, std::memory_order_relaxed);
       }
     }
     s.set_stage(3 * g + 1);
+  };
+  // Two-shot from a private input runs one chunk ahead: chunk g+1 is copied in while the
+  // others finish reducing chunk g, so a rank that waited for the slowest one works instead.
+  const bool ahead = a == algo::two_shot && !zc_in;
+  if (ahead) copy_in(0);
+  for (std::size_t i = 0; i < chunks; ++i) {
+    const std::uint64_t g = g0 + i;
+    const std::size_t off = chunk_at(i).first, n = chunk_at(i).second;  // (lambdas below capture them)
+    const auto [sb, sn] = s.slice(n, s.me);
+    if (!ahead) copy_in(i);
     s.wait_stage(k, 3 * g + 1, "copy-in");
     auto src_of = [&](int r) -> const unsigned char* {
       return zc_in ? s.pool(r) + in_off + off * es : s.staging(r, g);
@@ -73,7 +89,7 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
       } else {
         kernels::reduce(dst_user + off * es, s.srcs.data(), s.p, n, t, op, s.p);
       }
-      s.set_stage(3 * g + 3);
+      s.finish_chunk(g);
       continue;
     }
     // 2. Reduce-scatter: my slice of the chunk from every rank, into shared memory where the
@@ -89,6 +105,8 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
       s.staged.fetch_add(sn * es, std::memory_order_relaxed);
     }
     s.set_stage(3 * g + 2);
+    // The next chunk's copy-in (its staging buffer is free once every rank finished chunk g-1).
+    if (ahead && i + 1 < chunks) copy_in(i + 1);
     s.wait_stage(k, 3 * g + 2, "reduce-scatter");
     // 3. Allgather: the others' reduced slices into my output.
     for (int r = 0; r < s.p; ++r) {
@@ -98,12 +116,12 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
       kernels::copy(dst_user + (off + b0) * es, from, bn * es, stream);
     }
     if (stream) kernels::stream_fence();
-    s.set_stage(3 * g + 3);
+    s.finish_chunk(g);
   }
   // Peers may still be reading my zero-copy buffer (one-shot: my pool input, when the output is
   // private; two-shot: my pool output's slice): the caller may write into it as soon as this
   // returns (the DDP reducer's next backward pass), so wait until every rank is done with it.
-  if (a == algo::one_shot ? zc_in && !zc_out : zc_out) s.wait_stage(k, 3 * (s.chunk - 1) + 3, "zero-copy release");
+  if (a == algo::one_shot ? zc_in && !zc_out : zc_out) s.wait_done(k, s.chunk, "zero-copy release");
 }
 
 }  // namespace shm::detail

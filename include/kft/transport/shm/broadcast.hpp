@@ -40,7 +40,7 @@ inline void broadcast(state& s, const void* in, void* out, std::size_t count, dt
       s.wait_stage_of(k, root, 3 * g + 1, "broadcast copy-in");
       std::memcpy(dst + off * es, s.staging(root, g), n * es);
     }
-    s.set_stage(3 * g + 3);
+    s.finish_chunk(g);
   }
 }
 

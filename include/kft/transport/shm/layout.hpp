@@ -19,6 +19,9 @@ namespace shm {
 namespace detail {
 
 inline constexpr std::uint64_t segment_magic = 0x316d68732d74666bULL;  // "kft-shm1"
+/// Bumped whenever the segment's layout or protocol changes: ranks of different kft builds
+/// sharing one node refuse each other by it (2: `rank_ctrl::done`).
+inline constexpr std::uint32_t layout_version = 2;
 inline constexpr std::uint64_t no_offset = ~0ULL;
 
 /// What a rank is doing in one call; compared across ranks.
@@ -49,7 +52,11 @@ inline constexpr std::size_t mailbox_data_offset = 8 + sizeof(signature);
 
 struct alignas(64) rank_ctrl {
   std::atomic<std::uint64_t> stage;  // chunk progress: chunk g is 3g+1 copied in, 3g+2 reduced, 3g+3 done
-  char pad1[56];
+  // Chunks finished (g+1 once chunk g is done with): what a rank waits for before it writes
+  // into a staging buffer again. Separate from `stage` because the two-shot allreduce copies
+  // chunk g+1 in before it gathers chunk g (its stage runs ahead of what it has finished).
+  std::atomic<std::uint64_t> done;
+  char pad1[48];
   std::atomic<std::int32_t> pid;
   std::atomic<std::uint32_t> ready;
   std::atomic<std::uint64_t> pid_ns;  // inode of the rank's pid namespace

@@ -41,7 +41,7 @@ inline void reduce_scatter(state& s, const void* in, void* out, std::size_t rc, 
     for (int r = 0; r < s.p; ++r)
       s.srcs[static_cast<std::size_t>(r)] = s.staging(r, g) + static_cast<std::size_t>(s.me) * m * es;
     kernels::reduce(static_cast<unsigned char*>(out) + off * es, s.srcs.data(), s.p, m, t, op, s.p);
-    s.set_stage(3 * g + 3);
+    s.finish_chunk(g);
   }
 }
 

@@ -98,7 +98,7 @@ struct state {
 
     if (me == 0) {  // the segment is zero-filled; atomics at zero are valid
       hdr->nranks = static_cast<std::uint32_t>(p);
-      hdr->version = 1;
+      hdr->version = detail::layout_version;
       hdr->small_bytes = cfg.small_bytes;
       hdr->staging_bytes = cfg.staging_bytes;
       hdr->pool_bytes = cfg.pool_bytes;
@@ -111,6 +111,11 @@ struct state {
                       deadline::after(cfg.timeout)))
         throw timeout_error("shared segment " + seg.name() + " was never initialised by local rank 0",
                             site("shm init", 0));
+      if (hdr->version != detail::layout_version)
+        throw usage_error("local rank 0 runs another kft build (shared segment layout " + std::to_string(hdr->version) +
+                              ", this build's " + std::to_string(detail::layout_version) +
+                              "): every rank of a node must run the same kft",
+                          site("shm init", 0));
       if (hdr->nranks != static_cast<std::uint32_t>(p) || hdr->small_bytes != cfg.small_bytes ||
           hdr->staging_bytes != cfg.staging_bytes || hdr->pool_bytes != cfg.pool_bytes)
         throw usage_error("local ranks disagree on the shm communicator's configuration (size " +
@@ -390,6 +395,18 @@ struct state {
     ctrl[me].stage.store(v, std::memory_order_release);
     notify();
   }
+  // Chunk g is finished here: nothing of it will be read or written by this rank again. Its
+  // stage moves to 3g+3 unless it already runs ahead (a pipelined copy-in of the next chunk).
+  void finish_chunk(std::uint64_t g) {
+    if (ctrl[me].stage.load(std::memory_order_relaxed) < 3 * g + 3) ctrl[me].stage.store(3 * g + 3, std::memory_order_release);
+    ctrl[me].done.store(g + 1, std::memory_order_release);
+    notify();
+  }
+  // Waits until every peer finished `chunks` chunks (chunk index chunks-1 and all before it).
+  void wait_done(const call& k, std::uint64_t chunks, const char* phase) {
+    wait_peers([&](int r) { return ctrl[r].done.load(std::memory_order_acquire); }, chunks, phase, &k.sig, k.deadline,
+               k.timeout);
+  }
 
   // After publishing progress: wakes the ranks sleeping in wait_peers, if any. The fence pairs
   // with a sleeper's read-modify-write of `sleepers` before its last look at the flags: either
@@ -409,7 +426,7 @@ struct state {
 
   // Staging chunk g may be written once every rank is done with chunk g-2 (same buffer).
   void claim_chunk(const call& k, std::uint64_t g) {
-    if (g >= 2) wait_stage(k, 3 * (g - 2) + 3, "staging reuse");
+    if (g >= 2) wait_done(k, g - 1, "staging reuse");
   }
 
   // Slice r of n elements split p ways (the first n % p slices get one more).
