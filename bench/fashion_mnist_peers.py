@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,11 +55,14 @@ def run(cmd, env=None, limit=150, attempts=3):
     sys.exit(f"fashion_mnist_peers: {' '.join(cmd)} did not finish within {limit} s in {attempts} attempts")
 
 
-def kft(build, ranks, extra):
+def kft(build, ranks, extra, cpu=None):
+    """cpu: run the (1-rank) program pinned to that CPU (taskset)."""
     log = tempfile.mktemp(prefix="kft-fmnist-", suffix=".jsonl")
     exe = os.path.join(build, "examples", "05-fashion-mnist")
     args = [exe, "--threads", "1", "--quiet", "--log-json", log] + extra
     cmd = args if ranks == 1 else [os.path.join(build, "tools", "kftrun"), "--nproc-per-node", str(ranks), "--"] + args
+    if cpu is not None:
+        cmd = ["taskset", "-c", str(cpu)] + cmd
     run(cmd)
     with open(log) as f:
         events = [json.loads(line) for line in f]
@@ -106,45 +110,68 @@ def main():
     if not os.path.exists(os.path.join(a.build, "examples", "05-fashion-mnist")):
         sys.exit(f"fashion_mnist_peers: no {a.build}/examples/05-fashion-mnist: build it first (bash tests/run-all.sh)")
 
-    def median_of(f):  # the run with the median training time (machine noise: the VM's neighbours)
-        runs = sorted((f() for _ in range(a.repeats)), key=lambda r: r["train_seconds"])
-        return runs[len(runs) // 2]
+    cpus = sorted(os.sched_getaffinity(0))
+    cores = {}  # (model, cpu) -> 1-rank rates pinned to that CPU; model -> 2-rank rate / (2 x slowest core's)
+
+    def pairs(f, extra, model=None):
+        """1 rank, then 2 ranks, `repeats` times: the two runs of a pair share the machine's phase
+        (this VM's speed drifts by minutes), so each pair gives one weak-scaling efficiency; the
+        rows show the median run by training time and the median of the pairs' efficiencies.
+        With `model`, each pair also runs 1 rank pinned to each CPU: a synchronous 2-rank step
+        waits for the slower core, so 2 x the slowest core's rate is what the CPUs allow."""
+        runs = []
+        for _ in range(a.repeats):
+            one = f(1, extra)
+            if model:
+                pinned = [kft(a.build, 1, extra, cpu)["samples_per_s"] for cpu in cpus[:2]]
+                for cpu, rate in zip(cpus, pinned):
+                    cores.setdefault((model, cpu), []).append(rate)
+            two = f(2, extra)
+            if model:
+                cores.setdefault(model, []).append(two["samples_per_s"] / (2 * min(pinned)))
+            runs.append((one, two))
+        effs = sorted(two["samples_per_s"] / (2 * one["samples_per_s"]) for one, two in runs)
+
+        def median_run(i):
+            return sorted((r[i] for r in runs), key=lambda r: r["train_seconds"])[len(runs) // 2]
+
+        return median_run(0), median_run(1), effs
 
     common = ["--epochs", str(a.epochs)]
     wide = ["--hidden", "1024,1024,1024,1024", "--max-steps", "200", "--epochs", "1", "--evals-per-epoch", "1"]
-    # Interleaved, so slow phases of the machine hit every configuration alike.
-    k1 = median_of(lambda: kft(a.build, 1, common))
-    t1 = median_of(lambda: torch(1, common))
-    k2 = median_of(lambda: kft(a.build, 2, common))
-    t2 = median_of(lambda: torch(2, common))
+    k1, k2, k_eff = pairs(lambda n, x: kft(a.build, n, x), common, "mlp")
+    t1, t2, t_eff = pairs(torch, common)
     with_lt = os.path.exists(os.path.join(a.build, "examples", "07-libtorch-ddp"))
     if with_lt:
-        l1 = median_of(lambda: kft_libtorch(a.build, 1, common))
-        l2 = median_of(lambda: kft_libtorch(a.build, 2, common))
-    w_k1, w_t1 = median_of(lambda: kft(a.build, 1, wide)), median_of(lambda: torch(1, wide))
-    w_k2, w_t2 = median_of(lambda: kft(a.build, 2, wide)), median_of(lambda: torch(2, wide))
+        l1, l2, l_eff = pairs(lambda n, x: kft_libtorch(a.build, n, x), common)
+    w_k1, w_k2, w_k_eff = pairs(lambda n, x: kft(a.build, n, x), wide, "wide")
+    w_t1, w_t2, w_t_eff = pairs(torch, wide)
 
-    def eff(one, two):
-        return two["samples_per_s"] / (2 * one["samples_per_s"])
+    def med(effs):
+        return effs[len(effs) // 2]
+
+    def spread(effs):
+        return f"{100 * med(effs):.0f}% ({100 * effs[0]:.0f}-{100 * effs[-1]:.0f})"
 
     print(f"# Fashion-MNIST MLP 784-256-128-10, {a.epochs} epochs, batch 64/rank, SGD lr 0.05 momentum 0.9, "
           f"1 BLAS thread per rank; {cpu_name()}, {os.cpu_count()} CPUs")
-    print(f"# PyTorch {t1['torch']} loaded: {t1['blas']}; each row: the median of {a.repeats} runs by training time")
+    print(f"# PyTorch {t1['torch']} loaded: {t1['blas']}; each row: the median of {a.repeats} runs by training time; "
+          f"weak scaling: the median (and range) of {a.repeats} pairs of a 1-rank run and the 2-rank run right after it")
     print()
     print("| run | ranks | s/epoch | time to 87% (s) | final test acc | samples/s | weak-scaling eff. |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    rows = [("kft", k1, None), ("kft (kftrun, shm)", k2, eff(k1, k2))]
+    rows = [("kft", k1, None), ("kft (kftrun, shm)", k2, k_eff)]
     if with_lt:
-        rows += [("kft + libtorch model", l1, None), ("kft + libtorch model (kftrun, shm)", l2, eff(l1, l2))]
-    rows += [("PyTorch 1 process", t1, None), ("PyTorch DDP (gloo, torchrun)", t2, eff(t1, t2))]
+        rows += [("kft + libtorch model", l1, None), ("kft + libtorch model (kftrun, shm)", l2, l_eff)]
+    rows += [("PyTorch 1 process", t1, None), ("PyTorch DDP (gloo, torchrun)", t2, t_eff)]
     for name, r, e in rows:
         print(f"| {name} | {r['ranks']} | {r['seconds_per_epoch']:.2f} | {fmt(r['seconds_to_target'])} | "
-              f"{r['final_accuracy']:.4f} | {r['samples_per_s']:.0f} | {'-' if e is None else f'{100 * e:.0f}%'} |")
+              f"{r['final_accuracy']:.4f} | {r['samples_per_s']:.0f} | {'-' if e is None else spread(e)} |")
     print()
     print("| wide MLP 4 x 1024, 200 steps | 1 rank samples/s | 2 ranks samples/s | weak-scaling eff. |")
     print("| --- | ---: | ---: | ---: |")
-    print(f"| kft | {w_k1['samples_per_s']:.0f} | {w_k2['samples_per_s']:.0f} | {100 * eff(w_k1, w_k2):.0f}% |")
-    print(f"| PyTorch | {w_t1['samples_per_s']:.0f} | {w_t2['samples_per_s']:.0f} | {100 * eff(w_t1, w_t2):.0f}% |")
+    print(f"| kft | {w_k1['samples_per_s']:.0f} | {w_k2['samples_per_s']:.0f} | {spread(w_k_eff)} |")
+    print(f"| PyTorch | {w_t1['samples_per_s']:.0f} | {w_t2['samples_per_s']:.0f} | {spread(w_t_eff)} |")
     print()
     if k2["seconds_to_target"] and t2["seconds_to_target"] and t1["seconds_to_target"]:
         print(f"kft 2 ranks time to 87% / PyTorch DDP: {k2['seconds_to_target'] / t2['seconds_to_target']:.2f} (target <= 0.4); "
@@ -156,6 +183,11 @@ def main():
               f"(target <= 0.5); seconds per epoch: {l2['seconds_per_epoch'] / t2['seconds_per_epoch']:.2f}")
     elif not with_lt:
         print("examples/07-libtorch-ddp not built (libtorch-dev missing): no libtorch rows")
+    print()
+    for model, what in (("mlp", "Fashion-MNIST MLP"), ("wide", "wide MLP")):
+        rates = ", ".join(f"CPU {cpu} {statistics.median(cores[(model, cpu)]):.0f}" for cpu in cpus[:2])
+        print(f"kft 1 rank pinned to each CPU, {what} (samples/s, medians): {rates}; 2-rank rate / (2 x the slower "
+              f"CPU's, per pair): {spread(sorted(cores[model]))}")
     for h in hangs:
         print(f"note: a run hung (no progress within the limit) and was repeated: {h}")
 

@@ -533,6 +533,49 @@ BOOST_AUTO_TEST_CASE(uneven_inputs_finish_without_a_hang) {
   }
 }
 
+// KFT_TIMELINE=dir: the trainer writes every rank's timeline with its own compute spans
+// (backward, finish, optimizer) beside the reducer's bucket events; without it, nothing.
+BOOST_AUTO_TEST_CASE(kft_timeline_records_the_trainers_steps) {
+  auto count = [](const std::string& text, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  auto train = [] {
+    return with_ranks(2, [&](kft::group::process_group& g) {
+      auto m = small_model();
+      ddp::sgd opt({.lr = 0.05f});
+      ddp::trainer_options o;
+      o.batch = 8;
+      o.quiet = true;
+      ddp::trainer t(g, m, opt, o);
+      std::vector<std::uint32_t> idx(8);
+      for (int b = 0; b < 5; ++b) {
+        for (std::size_t i = 0; i < 8; ++i) idx[i] = static_cast<std::uint32_t>(b * 16 + g.rank() * 8 + static_cast<int>(i));
+        t.step(idx);
+      }
+    });
+  };
+  temp_dir on, off;
+  ::setenv("KFT_TIMELINE", on.path.c_str(), 1);
+  auto errs = train();
+  ::unsetenv("KFT_TIMELINE");
+  BOOST_TEST(none(errs));
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream f(on.path / ("timeline-rank" + std::to_string(r) + ".json"));
+    BOOST_TEST_REQUIRE(f.good(), "no timeline for rank " << r);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    BOOST_TEST(count(text, "\"name\":\"backward\"") == 5u, "rank " << r);
+    BOOST_TEST(count(text, "\"name\":\"finish\"") == 5u, "rank " << r);
+    BOOST_TEST(count(text, "\"name\":\"optimizer\"") == 5u, "rank " << r);
+    BOOST_TEST(count(text, "\"cat\":\"comm\"") >= 5u, "rank " << r);  // every step's bucket(s)
+  }
+  const fs::path untouched = off.path;
+  BOOST_TEST(none(train()));  // KFT_TIMELINE unset: the trainer writes nothing
+  BOOST_TEST(fs::is_empty(untouched));
+  BOOST_TEST(!fs::exists(fs::current_path() / "timeline-rank0.json"));
+}
+
 // Checkpoint on 2 ranks at step 12, resume on 4 ranks (deterministic): the parameters after 30
 // steps are the bits of an unbroken 2-rank run.
 BOOST_AUTO_TEST_CASE(resume_on_another_number_of_ranks_continues_bit_identically) {

@@ -49,6 +49,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -269,6 +270,11 @@ class trainer {
     }
     reducer_options ro = o_.reducer;
     if (o_.deterministic) ro.deterministic = true;
+    if (!ro.trace) {  // KFT_TIMELINE=dir: the trainer's own timeline (buckets, comm, its compute spans)
+      auto tl = std::make_unique<timeline>(timeline::from(environment::process(), g_.rank()));
+      if (tl->on()) tl_ = std::move(tl);
+      ro.trace = tl_.get();
+    }
     if (o_.zero_stage) {
       ro.rebuild_buckets = false;
       ro.bucket_multiple = static_cast<std::size_t>(g_.size());
@@ -431,6 +437,7 @@ class trainer {
 
   /// @brief Test statistics over every rank (rank r evaluates samples r, r + N, ...).
   batch_stats evaluate(std::uint64_t test_size) {
+    auto span = traced("evaluate");
     batch_stats s;
     const auto n = static_cast<std::uint64_t>(g_.size()), me = static_cast<std::uint64_t>(g_.rank());
     std::vector<std::uint32_t> idx;
@@ -587,7 +594,10 @@ class trainer {
         first_micro_ = done == 0;
         last_micro_ = done + 1 == nonempty;
         gradients gs(views_, false, &on_ready, this);
-        auto bs = m_.forward_backward(mb, gs);
+        auto bs = [&] {
+          auto span = traced("backward");
+          return m_.forward_backward(mb, gs);
+        }();
         bad |= !std::isfinite(bs.loss_sum);
         s += bs;
         if (!last_micro_)
@@ -605,7 +615,10 @@ class trainer {
         if (!last) quiet.emplace(r.no_sync());
         for (std::size_t i = 0; i < tensors_.size(); ++i) views_[i] = r.template gradient<float>(i + 1);
         gradients gs(views_, m > 0, &on_ready, this);
-        auto bs = m_.forward_backward(micro_[m], gs);
+        auto bs = [&] {
+          auto span = traced("backward");
+          return m_.forward_backward(micro_[m], gs);
+        }();
         bad |= !std::isfinite(bs.loss_sum);
         s += bs;
         if (last) set_counts(k, bad);
@@ -684,10 +697,14 @@ class trainer {
   }
 
   void timed_finish() {
+    auto span = traced("finish");
     const auto t0 = clk::now();
     r_->finish();
     comm_s_ += seconds(t0, clk::now());
   }
+  // A compute span of the timeline (KFT_TIMELINE); names fit the string's inline buffer, so an
+  // off timeline allocates nothing.
+  timeline::scope traced(const char* name) { return timeline::scope(tl_.get(), name); }
 
   // Some rank's loss was not finite: every rank stops at this step, each saying what it knows.
   void check_loss(std::uint64_t bad_ranks, bool participated) {
@@ -719,6 +736,7 @@ class trainer {
   // The optimizer step from the averaged gradients; `contributions` micro-batches (or shards)
   // went into them over all ranks.
   void apply(std::uint64_t contributions) {
+    auto span = traced("optimizer");
     if (o_.zero_stage) return apply_sharded(contributions);
     const auto t0 = clk::now();
     opt_.begin_step();
@@ -1061,6 +1079,7 @@ class trainer {
   trainer_options o_;
   std::vector<tensor_ref> tensors_;
   std::vector<std::size_t> sizes_;
+  std::unique_ptr<timeline> tl_;  // before r_: the reducer records into it until it is destroyed
   std::optional<reducer<Group, trainer_hook>> r_;
   std::vector<std::span<float>> views_;
   std::vector<std::vector<float>> local_, avg_;  // deterministic: one shard's gradients; the averaged ones

@@ -19,6 +19,11 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
   const auto in_off = s.pool_offset(in, bytes), out_off = s.pool_offset(out, bytes);
   const algo a = s.resolve(collective::allreduce, bytes, o, in_off != detail::no_offset);
   auto k = s.begin(collective::allreduce, t, op, count, -1, a, o, in_off, out_off);
+  if (s.p == 1) {  // nothing to exchange: the result is the input (avg divides by 1, exactly)
+    s.arrive_and_check(k);
+    if (bytes && in != out) std::memmove(out, in, bytes);
+    return;
+  }
   if (a == algo::one_shot && bytes <= s.cfg.small_bytes) {
     if (bytes) std::memcpy(s.small(s.me, k.sig.seq), in, bytes);
     s.staged.fetch_add(bytes, std::memory_order_relaxed);
