@@ -7,6 +7,9 @@
 //            reducer's buckets (first 1 MiB, cap 25 MiB) against one asynchronous allreduce per
 //            tensor on the same memory; then one 4 MiB tensor: the reducer against a plain
 //            allreduce of that buffer (what bucketing costs when there is nothing to fuse).
+//            --gloo: both again over a kft::gloo::communicator between the same ranks (TCP:
+//            the anchors' per-call cost); --list-sizes prints the sizes for the PyTorch peer
+//            (bench/ddp_bucketing.py runs all three).
 // compute    an MLP's backward pass through OpenBLAS (dW = H^T dY, dX = dY W^T, per layer, one
 //            BLAS thread per rank): the reducer with overlap (mark_ready after each layer's dW)
 //            against allreduce-after-backward (the same reducer, everything marked after the
@@ -30,6 +33,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +41,10 @@
 #include <CLI/CLI.hpp>
 
 #include <kft/ddp/reducer.hpp>
+#if KFT_WITH_GLOO
+#include <kft/group/gloo_group.hpp>
+#include <kft/transport/gloo/communicator.hpp>
+#endif
 
 #include "ddp_common.hpp"
 
@@ -94,36 +102,40 @@ std::vector<std::size_t> tensor_counts(int tensors, std::size_t min_bytes, std::
   return n;
 }
 
-int bucketing(job& j, const std::vector<std::size_t>& counts, std::size_t min_bytes, std::size_t max_bytes, int reps,
-              std::uint64_t seed) {
-  auto& pg = j.pg;
-  const int tensors = static_cast<int>(counts.size());
+// One transport's bucketing numbers: the 200 tensors bucketed and one allreduce each, then
+// one 4 MiB tensor through the reducer and plainly; `wrong` counts wrong averages.
+struct bucket_times {
+  std::vector<std::vector<double>> t;  // bucketed, per-tensor, one-tensor reducer, one-tensor plain
+  std::int64_t wrong = 0;
+  std::size_t buckets = 0;
+};
+
+template <class Group>
+bucket_times bucket_rows(job& j, Group& g, const std::vector<std::size_t>& counts, std::size_t cap, int reps) {
   std::vector<ddp::parameter> params;
-  std::size_t total = 0;
-  for (std::size_t i = 0; i < counts.size(); ++i) {
-    params.push_back({counts[i], kft::dtype::f32, "t" + std::to_string(i)});
-    total += counts[i] * sizeof(float);
-  }
-  ddp::reducer red(pg, params, {.rebuild_buckets = false});
-  ddp::reducer one(pg, {{(4u << 20) / sizeof(float), kft::dtype::f32, "w"}}, {.rebuild_buckets = false});
-  const float mine = static_cast<float>(pg.rank() + 1);
-  const float want = static_cast<float>(pg.size() + 1) / 2.0f;  // the average of 1..p (exact for p <= 4)
+  for (std::size_t i = 0; i < counts.size(); ++i) params.push_back({counts[i], kft::dtype::f32, "t" + std::to_string(i)});
+  ddp::reducer_options ro{.rebuild_buckets = false};
+  ro.limits.bucket_bytes_cap = cap;
+  ddp::reducer<Group> red(g, params, ro);
+  ddp::reducer<Group> one(g, {{(4u << 20) / sizeof(float), kft::dtype::f32, "w"}}, {.rebuild_buckets = false});
+  const float mine = static_cast<float>(g.rank() + 1);
+  const float want = static_cast<float>(g.size() + 1) / 2.0f;  // the average of 1..p (exact for p <= 4)
   auto fill = [&](auto& r) {
     for (std::size_t i = 0; i < r.parameters(); ++i) {
-      auto g = r.template gradient<float>(i);
-      std::fill(g.begin(), g.end(), mine);
+      auto grad = r.template gradient<float>(i);
+      std::fill(grad.begin(), grad.end(), mine);
     }
   };
-  std::int64_t wrong = 0;
+  bucket_times out;
   auto check = [&](auto& r) {
     for (std::size_t i = 0; i < r.parameters(); ++i)
-      for (float v : r.template gradient<float>(i)) wrong += v != want;
+      for (float v : r.template gradient<float>(i)) out.wrong += v != want;
   };
   std::vector<kft::async::work> works;
   works.reserve(params.size());
   auto bucketed = [&] {
     fill(red);
-    pg.barrier();
+    g.barrier();
     const auto t0 = clk::now();
     for (std::size_t i = params.size(); i-- > 0;) red.mark_ready(i);
     red.finish();
@@ -133,11 +145,11 @@ int bucketing(job& j, const std::vector<std::size_t>& counts, std::size_t min_by
   };
   auto per_tensor = [&] {
     fill(red);
-    pg.barrier();
+    g.barrier();
     const auto t0 = clk::now();
     for (std::size_t i = params.size(); i-- > 0;) {
-      auto g = red.gradient<float>(i);
-      works.push_back(pg.allreduce_async(g.data(), g.data(), g.size(), kft::dtype::f32, kft::op_kind::avg));
+      auto grad = red.template gradient<float>(i);
+      works.push_back(g.allreduce_async(grad.data(), grad.data(), grad.size(), kft::dtype::f32, kft::op_kind::avg));
     }
     for (auto& w : works) w.wait();
     const double t = seconds(t0, clk::now());
@@ -147,7 +159,7 @@ int bucketing(job& j, const std::vector<std::size_t>& counts, std::size_t min_by
   };
   auto single_reducer = [&] {
     fill(one);
-    pg.barrier();
+    g.barrier();
     const auto t0 = clk::now();
     one.mark_ready(0);
     one.finish();
@@ -157,10 +169,10 @@ int bucketing(job& j, const std::vector<std::size_t>& counts, std::size_t min_by
   };
   auto single_plain = [&] {
     fill(one);
-    pg.barrier();
-    auto g = one.gradient<float>(0);
+    g.barrier();
+    auto grad = one.template gradient<float>(0);
     const auto t0 = clk::now();
-    pg.allreduce_async(g.data(), g.data(), g.size(), kft::dtype::f32, kft::op_kind::avg).wait();
+    g.allreduce_async(grad.data(), grad.data(), grad.size(), kft::dtype::f32, kft::op_kind::avg).wait();
     const double t = seconds(t0, clk::now());
     check(one);
     return t;
@@ -169,21 +181,64 @@ int bucketing(job& j, const std::vector<std::size_t>& counts, std::size_t min_by
   // per-tensor calls (whose aftermath, on 2 cores, lands on whichever variant runs next).
   alternate(j, 2, {bucketed, per_tensor});  // warm-up
   alternate(j, 2, {single_reducer, single_plain});
-  wrong = 0;
-  auto t = alternate(j, reps, {bucketed, per_tensor});
-  for (auto& v : alternate(j, reps, {single_reducer, single_plain})) t.push_back(std::move(v));
+  out.wrong = 0;
+  out.t = alternate(j, reps, {bucketed, per_tensor});
+  for (auto& v : alternate(j, reps, {single_reducer, single_plain})) out.t.push_back(std::move(v));
+  out.buckets = red.buckets().size();
+  return out;
+}
+
+void print_bucket_rows(const std::string& transport, const bucket_times& b, std::size_t tensors) {
+  const std::string what = std::to_string(tensors) + " tensors: buckets vs per-tensor";
+  std::printf("  %-10s %-34s %12.3f %12.3f %10.2f\n", transport.c_str(), what.c_str(), median(b.t[0]) * 1e3,
+              median(b.t[1]) * 1e3, median_ratio(b.t[1], b.t[0]));
+  std::printf("  %-10s %-34s %12.3f %12.3f %10.2f\n", transport.c_str(), "one 4 MiB tensor: reducer vs plain",
+              median(b.t[2]) * 1e3, median(b.t[3]) * 1e3, median_ratio(b.t[3], b.t[2]));
+  const double extra = (median(b.t[1]) - median(b.t[0])) / static_cast<double>(tensors > 1 ? tensors - 1 : 1);
+  std::printf("  %-10s %-34s %12.1f\n", transport.c_str(), "  cost of each extra call (us)", extra * 1e6);
+}
+
+int bucketing(job& j, const std::vector<std::size_t>& counts, std::size_t min_bytes, std::size_t max_bytes, int reps,
+              std::uint64_t seed, std::size_t cap, bool with_gloo) {
+  auto& pg = j.pg;
+  const int tensors = static_cast<int>(counts.size());
+  std::size_t total = 0;
+  for (auto n : counts) total += n * sizeof(float);
+  const auto mine = bucket_rows(j, pg, counts, cap, reps);
+  std::int64_t wrong = mine.wrong;
+#if KFT_WITH_GLOO
+  // The anchors' transport: Gloo's TCP pairs between the same ranks (what PyTorch DDP uses on
+  // CPUs), met through the job's store, on the interface that routes to the store's host.
+  std::optional<bucket_times> theirs;
+  std::string gloo_where;
+  if (with_gloo && pg.size() > 1) {
+    const auto nic = kft::group::gloo_interface(j.me, j.env);
+    gloo_where = nic.name + " " + nic.address;
+    kft::gloo::communicator gc(std::make_shared<kft::rendezvous::prefix_store>(j.store.client, "ddp-perf-gloo/"),
+                               pg.rank(), pg.size(), kft::gloo::make_device(nic));
+    theirs = bucket_rows(j, gc, counts, cap, reps);
+    wrong += theirs->wrong;
+  }
+#else
+  if (with_gloo && pg.rank() == 0) std::printf("# --gloo: this build has no Gloo (KFT_WITH_GLOO=OFF)\n");
+#endif
   pg.allreduce(&wrong, &wrong, 1, kft::dtype::i64, kft::op_kind::sum);
   if (pg.rank() == 0) {
     std::printf("# ddp_perf bucketing: %d ranks (%s), %s\n", pg.size(), pg.description().c_str(), cpu_model().c_str());
     std::printf("# %d f32 tensors of %zu B - %zu B (log-uniform, seed %" PRIu64 "), %.1f MiB in all; %zu bucket(s) "
-                "(first 1 MiB, cap 25 MiB); medians of %d alternating repetitions, slowest rank\n",
-                tensors, min_bytes, max_bytes, seed, static_cast<double>(total) / (1 << 20), red.buckets().size(), reps);
-    std::printf("# %-34s %12s %12s %10s\n", "case", "kft (ms)", "other (ms)", "other/kft");
-    const std::string what = std::to_string(tensors) + " tensors: buckets vs per-tensor";
-    std::printf("  %-34s %12.3f %12.3f %10.2f\n", what.c_str(), median(t[0]) * 1e3,
-                median(t[1]) * 1e3, median_ratio(t[1], t[0]));
-    std::printf("  %-34s %12.3f %12.3f %10.2f\n", "one 4 MiB tensor: reducer vs plain", median(t[2]) * 1e3,
-                median(t[3]) * 1e3, median_ratio(t[3], t[2]));
+                "(first 1 MiB, cap %.1f MiB); medians of %d alternating repetitions, slowest rank\n",
+                tensors, min_bytes, max_bytes, seed, static_cast<double>(total) / (1 << 20), mine.buckets,
+                static_cast<double>(cap) / (1 << 20), reps);
+    std::printf("# kft = the reducer's buckets, other = one asynchronous allreduce per tensor on the same memory\n");
+    std::printf("# %-10s %-34s %12s %12s %10s\n", "transport", "case", "kft (ms)", "other (ms)", "other/kft");
+    print_bucket_rows("group", mine, counts.size());
+#if KFT_WITH_GLOO
+    if (theirs) {
+      std::printf("#   gloo: a kft::gloo::communicator over the same ranks (TCP on %s), the transport PyTorch DDP uses on CPUs\n",
+                  gloo_where.c_str());
+      print_bucket_rows("gloo", *theirs, counts.size());
+    }
+#endif
     std::printf("# wrong values: %" PRId64 "\n", wrong);
   }
   return wrong == 0 ? 0 : 1;
@@ -318,6 +373,11 @@ int main(int argc, char** argv) {
   b->add_option("--min", min_s, "smallest gradient (bytes, K/M suffix)")->capture_default_str();
   b->add_option("--max", max_s, "largest gradient")->capture_default_str();
   b->add_option("--seed", seed, "sizes' random seed")->capture_default_str();
+  std::string cap_s = "25M";
+  b->add_option("--cap", cap_s, "bucket cap (bytes, K/M suffix)")->capture_default_str();
+  bool with_gloo = false, list_sizes = false;
+  b->add_flag("--list-sizes", list_sizes, "print the gradients' element counts, one per line, and exit (bench/ddp_bucketing_torch.py reads them)");
+  b->add_flag("--gloo", with_gloo, "also time both over Gloo's TCP transport between the same ranks (the anchors' regime)");
 
   auto* c = app.add_subcommand("compute", "an MLP backward through OpenBLAS: overlap vs after-backward vs deterministic");
   int layers = 8, width = 1024, batch = 64, threads = 1;
@@ -331,10 +391,16 @@ int main(int argc, char** argv) {
       const std::size_t lo = parse_size(min_s), hi = parse_size(max_s);
       if (lo < sizeof(float) || hi < lo) throw std::invalid_argument("--min/--max: need 4 <= min <= max");
       const auto counts = tensor_counts(tensors, lo, hi, seed);
+      if (list_sizes) {
+        std::printf("# ddp_perf bucketing: %d f32 tensors of %zu B - %zu B (log-uniform, seed %" PRIu64 "), element counts\n",
+                    tensors, lo, hi, seed);
+        for (auto n : counts) std::printf("%zu\n", n);
+        return 0;
+      }
       std::size_t bytes = 0;
       for (auto n : counts) bytes += n * sizeof(float);
       job j(bytes + (4u << 20) + (8u << 20));  // the buckets, the 4 MiB tensor, alignment
-      return bucketing(j, counts, lo, hi, reps, seed);
+      return bucketing(j, counts, lo, hi, reps, seed, parse_size(cap_s), with_gloo);
     }
     const std::size_t grad_bytes = static_cast<std::size_t>(layers) * static_cast<std::size_t>(width) *
                                    static_cast<std::size_t>(width) * sizeof(float);
