@@ -38,3 +38,31 @@ OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   --mca btl_tcp_links "${KFT_BENCH_TCP_LINKS:-2}" \
   -x "KFT_INTER_NODE=${KFT_BENCH_INTER:-mpi}" -x KFT_SOCKET_IFNAME=eth0 ${KFT_BENCH_CHUNK_BYTES:+-x KFT_BENCH_CHUNK_BYTES} \
   "$(cd "$build" && pwd)/bench/allreduce_perf" "${flags[@]}"
+
+# What plain TCP carries through the same qdiscs in a ring (each host sending to the next while
+# receiving from the previous): the link bound above counts payload at the tc rate, while tbf
+# meters whole frames and the reverse ACKs share each host's egress.
+addrs=$(for ((i = 0; i < hosts; i++)); do printf '%s%s' "$([[ $i -gt 0 ]] && echo ,)" "$("$cluster" addr "$name" $i)"; done)
+for bytes in $((16 << 20)) $((64 << 20)); do
+  pids=()
+  for ((i = 0; i < hosts; i++)); do
+    "$cluster" exec "$name" "$i" python3 "$here/tcp_ring.py" --me "$i" --addrs "$addrs" --port 29777 --bytes "$bytes" \
+      > "$tmp/ring$i.json" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  cat "$tmp"/ring*.json | python3 -c '
+import json, re, sys
+rate, hosts = sys.argv[1], int(sys.argv[2])
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
+if len(rows) != hosts:
+    sys.exit(f"tcp ring: {len(rows)} of {hosts} hosts reported")
+m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.lower())
+bps = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] if m else None
+n, t = rows[0]["bytes"], max(r["seconds"] for r in rows)
+good = 8 * n / t
+share = f", {100 * good / bps:.1f}% of the {rate} rate" if bps else ""
+print(f"# plain TCP ring through the same links, {n >> 20} MiB per host: {t * 1e3:.1f} ms (slowest host), "
+      f"{good / 1e6:.0f} Mbit/s of payload per host{share}")
+' "$rate" "$hosts"
+done
