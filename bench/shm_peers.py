@@ -9,7 +9,7 @@ Per round and rank count, alternated so a slow phase of a shared machine hits ev
 runs (float sum, out of place, one buffer pair reused for every call):
   kft copy       allreduce_perf --no-peers          (the user's own buffers)
   kft zero-copy  allreduce_perf --no-peers --zero-copy (buffers from comm.allocate: the DDP reducer's)
-  Open MPI       allreduce_loop.openmpi --memcpy    (a plain MPI_Allreduce loop; rank 0 also times memcpy)
+  Open MPI       allreduce_loop.openmpi --memcpy    (a plain MPI_Allreduce loop; it also times memcpy)
   Open MPI tuned allreduce_loop.openmpi --tuned-malloc (mallopt keeps freed memory: no page faults per call)
   MPICH          allreduce_loop.mpich, under mpirun.mpich
 and prints medians over the rounds (busbw in GB/s, nccl-tests' 2(p-1)/p factor). The MPI loops
@@ -17,7 +17,9 @@ run at least 10 ms of calls per size; kft's sizes below --small-below (1 MiB) ru
 their own with --small-iters (1000) calls, so no column's small sizes carry first-call costs.
 
 The bound: bytes each rank moves through memory per byte of its input, counted from what the
-code does (docs/algorithms.md), against memcpy's 2 (one read, one write) in the same run:
+code does (docs/algorithms.md), against memcpy's 2 (one read, one write) in the same run; memcpy is
+timed on min(p, CPUs) ranks at once and the slowest counts (the rate a rank gets while the others
+move memory too, as in an allreduce; a lone rank's memcpy overstates it):
   copy path (two-shot)  copy in 2(p-1)/p, reduce into staging and output 1 + 2/p, allgather 2(p-1)/p
                         = 4(p-1)/p + 1 + 2/p   (4 at p = 2)
   zero-copy (two-shot)  reduce 1 + 1/p, allgather 2(p-1)/p  = 3 - 1/p   (2.5 at p = 2)
@@ -304,7 +306,8 @@ def main():
              f"--small-iters {args.small_iters}` (kft: the small sizes in a run of their own with --small-iters "
              "calls; the MPI loops: at least 10 ms of calls per size); peers: "
              + "; ".join(f"{k}: {v}" for k, v in versions.items()) + ". Bound factors (bytes through memory per "
-             f"input byte, memcpy = 2): copy 4(p-1)/p + 1 + 2/p, zero-copy 3 - 1/p (bench/shm_peers.py).\n")
+             f"input byte, memcpy = 2): copy 4(p-1)/p + 1 + 2/p, zero-copy 3 - 1/p; memcpy: min(p, CPUs) ranks copying at "
+             "once, the slowest (bench/shm_peers.py).\n")
     for p in args.ranks:
         table = {s: {c: median(v) for c, v in cols.items()} for s, cols in acc[p].items()}
         goals = evaluate(p, table, cpus, args.bound_from)

@@ -576,6 +576,49 @@ BOOST_AUTO_TEST_CASE(kft_timeline_records_the_trainers_steps) {
   BOOST_TEST(!fs::exists(fs::current_path() / "timeline-rank0.json"));
 }
 
+// KFT_TIMELINE is checked when the trainer starts: a missing directory (whose parent exists) is
+// created and gets the traces at the end of fit(); a path that is a file stops the trainer at
+// construction with an error naming the variable and the path.
+BOOST_AUTO_TEST_CASE(kft_timeline_directory_is_made_or_refused_at_the_start) {
+  auto train = [] {
+    return with_ranks(2, [&](kft::group::process_group& g) {
+      auto m = small_model();
+      ddp::sgd opt({.lr = 0.05f});
+      ddp::trainer_options o;
+      o.batch = 8;
+      o.epochs = 1;
+      o.max_steps = 4;
+      o.quiet = true;
+      ddp::trainer t(g, m, opt, o);
+      t.fit(train_set().n, test_set().n);
+    });
+  };
+  temp_dir base;
+  const fs::path fresh = base.path / "made-by-kft";
+  ::setenv("KFT_TIMELINE", fresh.c_str(), 1);
+  auto errs = train();
+  BOOST_TEST(none(errs));
+  for (int r = 0; r < 2; ++r)
+    BOOST_TEST(fs::exists(fresh / ("timeline-rank" + std::to_string(r) + ".json")), "rank " << r);
+
+  const fs::path file = base.path / "a-file";
+  std::ofstream(file) << "not a directory\n";
+  ::setenv("KFT_TIMELINE", file.c_str(), 1);
+  errs = train();
+  const fs::path deep = base.path / "no-parent" / "dir";
+  ::setenv("KFT_TIMELINE", deep.c_str(), 1);
+  auto errs_deep = train();
+  ::unsetenv("KFT_TIMELINE");
+  BOOST_TEST_REQUIRE(errs.size() == 2u);
+  for (const auto& e : errs) {
+    BOOST_TEST(e.find("KFT_TIMELINE=\"" + file.string() + "\" is not a directory") != std::string::npos, e);
+  }
+  for (const auto& e : errs_deep) {
+    BOOST_TEST(e.find("KFT_TIMELINE=\"" + deep.string() + "\" does not exist and cannot be created") != std::string::npos, e);
+  }
+  BOOST_TEST(!fs::exists(deep));
+}
+
 // Checkpoint on 2 ranks at step 12, resume on 4 ranks (deterministic): the parameters after 30
 // steps are the bits of an unbroken 2-rank run.
 BOOST_AUTO_TEST_CASE(resume_on_another_number_of_ranks_continues_bit_identically) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -46,11 +48,31 @@ class timeline {
   timeline(std::string dir, int rank, std::size_t reserve = 1u << 16) : dir_(std::move(dir)), rank_(rank) {
     events_.reserve(reserve);
   }
-  /// @brief On when `KFT_TIMELINE` names a directory.
+  /// @brief On when `KFT_TIMELINE` names a directory; it is created if missing (its parent
+  /// must exist), so a run learns at its start, not at its end, that it cannot write there.
+  /// @throws config_error naming `KFT_TIMELINE` when the directory cannot be made or written
   static timeline from(const environment& env, int rank) {
     auto d = env.get("KFT_TIMELINE");
     if (!d || d->empty()) return {};
+    usable_directory("KFT_TIMELINE", *d);
     return timeline(*d, rank);
+  }
+  /// @brief Makes sure `dir` is a directory this process can write in (creating it if its
+  /// parent exists); `variable` names the setting in the error.
+  static void usable_directory(const std::string& variable, const std::string& dir) {
+    const auto fail = [&](const std::string& why) {
+      throw config_error(variable, dir, why + " (a timeline trace is written there as timeline-rank<r>.json)",
+                         error_site::of("ddp timeline"));
+    };
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) {
+      if (errno != ENOENT) fail("cannot be inspected: " + std::string(std::strerror(errno)));
+      if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)  // another rank may make it first
+        fail("does not exist and cannot be created: " + std::string(std::strerror(errno)));
+      if (::stat(dir.c_str(), &st) != 0) fail("cannot be inspected: " + std::string(std::strerror(errno)));
+    }
+    if (!S_ISDIR(st.st_mode)) fail("is not a directory");
+    if (::access(dir.c_str(), W_OK | X_OK) != 0) fail("is not writable: " + std::string(std::strerror(errno)));
   }
   timeline(timeline&&) noexcept = default;
   timeline& operator=(timeline&&) noexcept = default;

@@ -432,6 +432,15 @@ class trainer {
     sum.samples_per_s = sum.train_seconds > 0 ? static_cast<double>(sum.samples) / sum.train_seconds : 0.0;
     verify_replicas("the end of training");
     summary_line(sum);
+    // KFT_TIMELINE: written now (a job that dies later still leaves this fit's trace); a failure
+    // to write is said, not thrown: the training itself is done.
+    if (tl_) {
+      try {
+        tl_->write();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "kft: rank %d: the KFT_TIMELINE trace was not written: %s\n", g_.rank(), e.what());
+      }
+    }
     return sum;
   }
 
