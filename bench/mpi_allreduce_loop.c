@@ -8,7 +8,10 @@
  *
  * Per size: one call times the size, w warm-up calls (fewer for sizes where they would take more
  * than a quarter of the budget), a barrier, then n calls, or as many as fit in --budget seconds
- * (at least one); a rank's time is its average call, the row shows the slowest rank's.
+ * (at least one). Where n calls take under a quarter of the budget, n more warm calls are timed
+ * first and the loop runs at least 10 ms of calls (within the budget): ten calls of a microsecond
+ * would time the clock and the barrier's skew. A rank's time is its average call, the row shows
+ * the slowest rank's.
  * --tuned-malloc: mallopt() keeps freed memory instead of unmapping it, so an implementation's
  * per-call temporaries do not page-fault each call. --memcpy: also times memcpy of the same
  * bytes between each rank's same buffers, on the first min(ranks, online CPUs) ranks at once
@@ -119,6 +122,22 @@ int main(int argc, char** argv) {
     if (t_one * iters > budget) done = t_one > budget ? 1 : (int)(budget / t_one);
     for (int w = 0; w < warmup && (double)w * t_one < budget / 4; ++w)
       MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    if (t_one * iters < budget / 4) {
+      /* A cold first call overstates small sizes many times over, and n calls of a microsecond
+         time the clock and the barrier's skew: time n warm calls, then run at least 10 ms worth
+         (within the budget). Rank 0's estimate again decides for every rank. */
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t_warm = MPI_Wtime();
+      for (int i = 0; i < iters; ++i) MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      t_warm = (MPI_Wtime() - t_warm) / iters;
+      MPI_Bcast(&t_warm, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+      if (t_warm > 0) {
+        double want = 0.01 / t_warm + 1;
+        if (want > budget / t_warm) want = budget / t_warm;
+        if (want > 1e8) want = 1e8;
+        if (want > done) done = (int)want;
+      }
+    }
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
     for (int i = 0; i < done; ++i) MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);

@@ -22,7 +22,8 @@ timed on min(p, CPUs) ranks at once and the slowest counts (the rate a rank gets
 move memory too, as in an allreduce; a lone rank's memcpy overstates it):
   copy path (two-shot)  copy in 2(p-1)/p, reduce into staging and output 1 + 2/p, allgather 2(p-1)/p
                         = 4(p-1)/p + 1 + 2/p   (4 at p = 2)
-  zero-copy (two-shot)  reduce 1 + 1/p, allgather 2(p-1)/p  = 3 - 1/p   (2.5 at p = 2)
+  zero-copy (two-shot, input and output in the pool: direct writes) read N, write N  = 2
+                        (every rank reduces its slice from every input into every output)
   bound busbw = memcpy GB/s * 2 / factor * 2(p-1)/p * min(p, cpus)/p   (ranks beyond the CPUs share them)
 The bound is printed for every size but means something only where the data do not fit in the
 caches (--bound-from, default 64 MiB).
@@ -86,7 +87,7 @@ def copy_factor(p):
 
 
 def zero_copy_factor(p):
-    return 3 - 1 / p
+    return 2.0
 
 
 def bound(memcpy_gbps, factor, p, cpus):
@@ -306,7 +307,7 @@ def main():
              f"--small-iters {args.small_iters}` (kft: the small sizes in a run of their own with --small-iters "
              "calls; the MPI loops: at least 10 ms of calls per size); peers: "
              + "; ".join(f"{k}: {v}" for k, v in versions.items()) + ". Bound factors (bytes through memory per "
-             f"input byte, memcpy = 2): copy 4(p-1)/p + 1 + 2/p, zero-copy 3 - 1/p; memcpy: min(p, CPUs) ranks copying at "
+             f"input byte, memcpy = 2): copy 4(p-1)/p + 1 + 2/p, zero-copy 2 (direct writes); memcpy: min(p, CPUs) ranks copying at "
              "once, the slowest (bench/shm_peers.py).\n")
     for p in args.ranks:
         table = {s: {c: median(v) for c, v in cols.items()} for s, cols in acc[p].items()}

@@ -142,32 +142,41 @@ void sixteen_bit_case(dtype t) {
 }
 
 // reduce_copy: both destinations get the reference's bits, for every alignment of the second
-// (streaming stores start at its first 16-byte boundary; misaligned elements never stream).
+// (streaming stores start at its first 16-byte boundary; misaligned elements never stream),
+// with the first cached or streamed too (it streams where it is aligned as the second is: here,
+// the first sits at the same shift from a 16-byte boundary, or one byte further).
 template <class T>
 void reduce_copy_case(dtype t) {
   std::mt19937 g(5);
+  const auto at = [](std::vector<unsigned char>& raw, std::size_t shift) {
+    return raw.data() + (16 - (reinterpret_cast<std::uintptr_t>(raw.data()) & 15)) + shift;
+  };
   for (int n : {1, 2, 3})
     for (op_kind op : all_ops)
       for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{129}, std::size_t{4099}})
         for (std::size_t shift = 0; shift < 16; ++shift)
-          for (bool stream : {false, true}) {
+          for (int mode : {0, 1, 2, 3}) {  // cached; second streamed; both (same shift); both (shifts differ)
+            const bool stream = mode > 0, first_too = mode > 1;
             auto in = random_inputs<T>(g, n, count, op);
             std::vector<const void*> srcs;
             for (auto& v : in) srcs.push_back(v.data());
-            std::vector<T> a(count);
-            std::vector<unsigned char> raw(count * sizeof(T) + 32, 0xee);
-            auto* second = raw.data() + (16 - (reinterpret_cast<std::uintptr_t>(raw.data()) & 15)) + shift;
-            kft::kernels::reduce_copy(a.data(), second, stream, srcs.data(), n, count, t, op, n);
+            std::vector<unsigned char> raw1(count * sizeof(T) + 48, 0xee), raw2(count * sizeof(T) + 48, 0xee);
+            auto* first = at(raw1, shift + (mode == 3 ? 1 : 0));
+            auto* second = at(raw2, shift);
+            kft::kernels::reduce_copy(first, second, stream, srcs.data(), n, count, t, op, n, first_too);
             kft::kernels::stream_fence();
-            std::vector<T> b(count);
+            std::vector<T> a(count), b(count);
+            if (count) std::memcpy(a.data(), first, count * sizeof(T));
             if (count) std::memcpy(b.data(), second, count * sizeof(T));
             const auto want = reference(in, op, n);
             BOOST_TEST_CONTEXT(kft::name(t) << " n=" << n << " op=" << static_cast<int>(op) << " count=" << count
-                                            << " shift=" << shift << (stream ? " streaming" : "")) {
+                                            << " shift=" << shift << " mode=" << mode) {
               BOOST_TEST(same_bits(a, want));
               BOOST_TEST(same_bits(b, want));
-              BOOST_TEST(second[count * sizeof(T)] == 0xee);  // nothing written outside it
-              BOOST_TEST(second[-1] == 0xee);
+              for (auto* d : {first, second}) {  // nothing written outside either
+                BOOST_TEST(d[count * sizeof(T)] == 0xee);
+                BOOST_TEST(d[-1] == 0xee);
+              }
             }
           }
 }

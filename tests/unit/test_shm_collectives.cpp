@@ -4,6 +4,7 @@
 #define BOOST_TEST_MODULE kft_shm_collectives
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -21,11 +22,13 @@ namespace shm = kft::shm;
 
 namespace {
 
-// Small buffers so that 4099 elements already take several chunks and the one-shot slot overflows.
+// Small buffers so that 4099 elements already take several chunks and the one-shot slot overflows,
+// and a low streaming threshold.
 shm::config small_config(const std::string& name) {
   shm::config c;
   c.staging_bytes = 16u << 10;
   c.small_bytes = 4u << 10;
+  c.streaming_bytes = 64u << 10;  // the streaming-store paths too (copy path, direct zero-copy out of place)
   c.pool_bytes = 16u << 20;
   c.timeout = 60s;
   c.name = name;
@@ -251,4 +254,31 @@ BOOST_AUTO_TEST_CASE(bad_arguments) {
   });
   BOOST_TEST(refused.load() == 2 * 3);
   BOOST_CHECK_THROW(shm::communicator(std::make_shared<kft::rendezvous::memory_store>(), 2, 2), kft::usage_error);
+}
+
+// Input and output that share bytes without being one buffer: a rank's output would overwrite
+// input that it or a peer has yet to read. Refused before anything is exchanged, on private and
+// on pool buffers, and the communicator goes on working.
+BOOST_AUTO_TEST_CASE(partly_overlapping_buffers_are_refused) {
+  std::mutex mu;
+  std::vector<std::string> messages;
+  with_ranks(2, "overlap", [&](shm::communicator& comm) {
+    std::vector<float> priv(3000, 1.0f);
+    auto pool = comm.allocate<float>(3000);
+    for (auto* base : {priv.data(), pool.data()}) {
+      try {
+        comm.allreduce(std::span<const float>(base, 2000), std::span<float>(base + 500, 2000), kft::ops::sum);
+        throw std::runtime_error("a partly overlapping allreduce was not refused");
+      } catch (const kft::usage_error& e) {
+        const std::lock_guard lock(mu);
+        messages.emplace_back(e.what());
+      }
+    }
+    std::fill(pool.begin(), pool.end(), 1.0f);
+    comm.allreduce(pool, kft::ops::sum);  // in place: fine
+    for (float v : pool)
+      if (v != 2.0f) throw std::runtime_error("allreduce after a refused call is wrong");
+  });
+  BOOST_TEST_REQUIRE(messages.size() == 4u);
+  for (const auto& m : messages) BOOST_TEST(m.find("overlap without being the same buffer") != std::string::npos, m);
 }

@@ -34,7 +34,8 @@ constexpr std::size_t size_of(dtype t) {
   return sizes[static_cast<int>(t)];
 }
 
-/// @brief IEEE 754 binary16, stored; converts to and from float (round to nearest even).
+/// @brief IEEE 754 binary16, stored; converts to and from float (round to nearest even; every NaN
+/// becomes 0x7e00, so results never depend on which NaN an operation happened to return).
 struct half {
   std::uint16_t bits = 0;
   half() = default;
@@ -65,7 +66,8 @@ struct half {
     const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
     const std::uint32_t sign = (x >> 16) & 0x8000u;
     const std::uint32_t absx = x & 0x7fffffffu;
-    if (absx >= 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+    if (absx > 0x7f800000u) return 0x7e00u;  // every NaN: the one quiet NaN (see the struct)
+    if (absx == 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u);
     if (absx >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow to inf
     if (absx < 0x38800000u) {  // subnormal or zero in half
       if (absx < 0x33000000u) return static_cast<std::uint16_t>(sign);
@@ -84,7 +86,7 @@ struct half {
   }
 };
 
-/// @brief bfloat16 (the top half of a float), stored; round to nearest even.
+/// @brief bfloat16 (the top half of a float), stored; round to nearest even; every NaN becomes 0x7fc0.
 struct bfloat16 {
   std::uint16_t bits = 0;
   bfloat16() = default;
@@ -94,7 +96,7 @@ struct bfloat16 {
   static float to_float(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
   static std::uint16_t from_float(float f) {
     const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // quiet nan
+    if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;  // every NaN: the one quiet NaN (see half)
     return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
   }
 };

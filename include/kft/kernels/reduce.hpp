@@ -58,7 +58,7 @@ inline T load(const void* p, std::size_t byte_offset) {
 // then single vectors, then a scalar tail.
 template <class T, op_kind Op>
 void reduce_native(void* dst_v, void* dst2_v, bool stream2, const void* const* srcs, int n, std::size_t count,
-                   int divisor) {
+                   int divisor, bool stream1) {
   typedef T vec __attribute__((vector_size(vector_bytes)));
   constexpr std::size_t W = vector_bytes / sizeof(T);
   constexpr std::size_t VB = sizeof(vec);
@@ -75,8 +75,11 @@ void reduce_native(void* dst_v, void* dst2_v, bool stream2, const void* const* s
     if (mis % sizeof(T) != 0) stream2 = false;
     else head = std::min(count, ((16 - mis) & 15) / sizeof(T));
   }
+  // dst streams too only when dst2's alignment head aligns it as well.
+  stream1 = stream1 && stream2 && ((reinterpret_cast<std::uintptr_t>(dst) - reinterpret_cast<std::uintptr_t>(dst2)) & 15) == 0;
 #else
   stream2 = false;
+  stream1 = false;
 #endif
   // (Lambdas, not function templates: a vector typedef's attribute does not survive being a
   // template argument.)
@@ -92,17 +95,24 @@ void reduce_native(void* dst_v, void* dst2_v, bool stream2, const void* const* s
     else return a < b ? b : a;
   };
   const auto store = [&](std::size_t o, const vec& v) {
-    std::memcpy(dst + o, &v, VB);
-    if (!dst2) return;
 #if defined(__SSE2__)
-    if (stream2) {
+    const auto stream_to = [&](unsigned char* into) {
       for (std::size_t b = 0; b < VB; b += 16) {
         __m128i x;
         std::memcpy(&x, reinterpret_cast<const unsigned char*>(&v) + b, 16);
-        _mm_stream_si128(reinterpret_cast<__m128i*>(dst2 + o + b), x);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(into + o + b), x);
       }
+    };
+    if (stream1) stream_to(dst);
+    else std::memcpy(dst + o, &v, VB);
+    if (!dst2) return;
+    if (stream2) {
+      stream_to(dst2);
       return;
     }
+#else
+    std::memcpy(dst + o, &v, VB);
+    if (!dst2) return;
 #endif
     std::memcpy(dst2 + o, &v, VB);
   };
@@ -152,7 +162,9 @@ void reduce_native(void* dst_v, void* dst2_v, bool stream2, const void* const* s
 // 16-bit floats in register-wide vectors, with no conversion instruction needed (plain SSE2/NEON
 // integer and float lane operations): a 32-bit lane holds two adjacent elements (little-endian:
 // element 2j in the low half). Each is widened to float exactly, the inputs are reduced in float in
-// source order, and the sum is rounded once to nearest-even, NaN becoming the quiet NaN, exactly as
+// source order, and the sum is rounded once to nearest-even, any NaN becoming the one positive quiet
+// NaN (which NaN operand an addition returns, and so its sign, depends on the compiler's operand
+// order: a canonical NaN keeps builds and ranks bit-identical), exactly as
 // half::from_float and bfloat16::from_float round: so the vector body, the scalar tail and every
 // rank's result agree bit for bit. (The compiler's _Float16 conversions without F16C go through
 // libgcc one element at a time: 20-50x slower, measured by bench/ddp_micro.)
@@ -198,15 +210,15 @@ void reduce_16(void* dst_v, const void* const* srcs, int n, std::size_t count, i
     const vu x = as_bits(f);
     if constexpr (std::is_same_v<H, bfloat16>) {
       const vu rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-      return (x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : rounded;
+      return (x & 0x7fffffffu) > 0x7f800000u ? vu{} + 0x7fc0u : rounded;
     } else {
       const vu sign = (x >> 16) & 0x8000u, absx = x & 0x7fffffffu;
       const vu normal = (absx - 0x38000000u + 0xfffu + ((absx >> 13) & 1u)) >> 13;
       const vu sub = as_bits(as_float(absx) + 0.5f) - 0x3f000000u;  // the FPU rounds to 2^-24 units
       vu r = absx < 0x38800000u ? sub : normal;
       r = absx >= 0x477ff000u ? vu{} + 0x7c00u : r;
-      r = absx > 0x7f800000u ? vu{} + 0x7e00u : r;
-      return r | sign;
+      r = r | sign;
+      return absx > 0x7f800000u ? vu{} + 0x7e00u : r;
     }
   };
   const auto combine = [](vf a, vf b) -> vf {
@@ -244,13 +256,13 @@ void reduce_16(void* dst_v, const void* const* srcs, int n, std::size_t count, i
 
 template <op_kind Op>
 void reduce_typed(void* dst, void* dst2, bool stream2, const void* const* srcs, int n, std::size_t count, dtype t,
-                  int divisor) {
+                  int divisor, bool stream1) {
   switch (t) {
-    case dtype::f32: return reduce_native<float, Op>(dst, dst2, stream2, srcs, n, count, divisor);
-    case dtype::f64: return reduce_native<double, Op>(dst, dst2, stream2, srcs, n, count, divisor);
-    case dtype::i32: return reduce_native<std::int32_t, Op>(dst, dst2, stream2, srcs, n, count, divisor);
-    case dtype::i64: return reduce_native<std::int64_t, Op>(dst, dst2, stream2, srcs, n, count, divisor);
-    case dtype::u8: return reduce_native<std::uint8_t, Op>(dst, dst2, stream2, srcs, n, count, divisor);
+    case dtype::f32: return reduce_native<float, Op>(dst, dst2, stream2, srcs, n, count, divisor, stream1);
+    case dtype::f64: return reduce_native<double, Op>(dst, dst2, stream2, srcs, n, count, divisor, stream1);
+    case dtype::i32: return reduce_native<std::int32_t, Op>(dst, dst2, stream2, srcs, n, count, divisor, stream1);
+    case dtype::i64: return reduce_native<std::int64_t, Op>(dst, dst2, stream2, srcs, n, count, divisor, stream1);
+    case dtype::u8: return reduce_native<std::uint8_t, Op>(dst, dst2, stream2, srcs, n, count, divisor, stream1);
     case dtype::f16: return reduce_16<half, Op>(dst, srcs, n, count, divisor);
     case dtype::bf16: return reduce_16<bfloat16, Op>(dst, srcs, n, count, divisor);
   }
@@ -300,13 +312,13 @@ inline void stream_fence() {
 
 namespace detail {
 inline void reduce_dispatch(void* dst, void* dst2, bool stream2, const void* const* srcs, int n, std::size_t count,
-                            dtype t, op_kind op, int divisor) {
+                            dtype t, op_kind op, int divisor, bool stream1 = false) {
   switch (op) {
-    case op_kind::sum: return reduce_typed<op_kind::sum>(dst, dst2, stream2, srcs, n, count, t, divisor);
-    case op_kind::prod: return reduce_typed<op_kind::prod>(dst, dst2, stream2, srcs, n, count, t, divisor);
-    case op_kind::min: return reduce_typed<op_kind::min>(dst, dst2, stream2, srcs, n, count, t, divisor);
-    case op_kind::max: return reduce_typed<op_kind::max>(dst, dst2, stream2, srcs, n, count, t, divisor);
-    case op_kind::avg: return reduce_typed<op_kind::avg>(dst, dst2, stream2, srcs, n, count, t, divisor);
+    case op_kind::sum: return reduce_typed<op_kind::sum>(dst, dst2, stream2, srcs, n, count, t, divisor, stream1);
+    case op_kind::prod: return reduce_typed<op_kind::prod>(dst, dst2, stream2, srcs, n, count, t, divisor, stream1);
+    case op_kind::min: return reduce_typed<op_kind::min>(dst, dst2, stream2, srcs, n, count, t, divisor, stream1);
+    case op_kind::max: return reduce_typed<op_kind::max>(dst, dst2, stream2, srcs, n, count, t, divisor, stream1);
+    case op_kind::avg: return reduce_typed<op_kind::avg>(dst, dst2, stream2, srcs, n, count, t, divisor, stream1);
   }
 }
 }  // namespace detail
@@ -325,16 +337,17 @@ inline void reduce(void* dst, const void* const* srcs, int n, std::size_t count,
 /// allreduce's slice goes to the shared staging buffer (for the peers) and to the caller's
 /// output without reading it back. With `streaming`, `dst2` is written with non-temporal stores
 /// where it is 16-byte aligned (callers fence, `stream_fence`, before publishing). 16-bit
-/// formats reduce into `dst`, then copy.
+/// formats reduce into `dst`, then copy. With `streaming_first` as well, `dst` is streamed too
+/// where its alignment matches dst2's (outputs nobody reads before the call ends).
 inline void reduce_copy(void* dst, void* dst2, bool streaming, const void* const* srcs, int n, std::size_t count,
-                        dtype t, op_kind op, int divisor) {
+                        dtype t, op_kind op, int divisor, bool streaming_first = false) {
   if (count == 0) return;
   if ((n == 1 && op != op_kind::avg) || t == dtype::f16 || t == dtype::bf16) {
     reduce(dst, srcs, n, count, t, op, divisor);
     copy(dst2, dst, count * size_of(t), streaming);
     return;
   }
-  detail::reduce_dispatch(dst, dst2, streaming, srcs, n, count, t, op, divisor);
+  detail::reduce_dispatch(dst, dst2, streaming, srcs, n, count, t, op, divisor, streaming && streaming_first);
 }
 
 }  // namespace kernels

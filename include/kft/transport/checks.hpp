@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include <kft/core/collective.hpp>
@@ -26,6 +27,14 @@ inline void require_root(int root, int size, const error_site& site) {
     throw usage_error("broadcast root " + std::to_string(root) + " is not a rank of this communicator (size " +
                           std::to_string(size) + ")",
                       site);
+}
+
+/// @brief Whether two buffers of `bytes` share bytes without being the same buffer: neither in
+/// place nor apart, which no collective can honour (a rank's output would overwrite input that
+/// it, or a peer, has yet to read).
+inline bool overlap_partly(const void* a, const void* b, std::size_t bytes) noexcept {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return x != y && bytes != 0 && x < y + bytes && y < x + bytes;
 }
 
 /// @brief An algorithm a transport does not run: a clear error, never a substitute.

@@ -14,8 +14,47 @@
 KFT_NAMESPACE_BEGIN
 namespace shm::detail {
 
+// Two-shot with every rank's input and output in the pool (the DDP reducer's buckets, in
+// place): rank r reduces slice r of the whole message from every rank's input and writes the
+// result straight into every rank's output, in one pass (in place, the lines it writes are the
+// ones it has just read: no read-for-ownership). Each rank reads N and writes N bytes, against
+// 2.5 N read and written by reduce-scatter + allgather through its own output (p = 2), and the
+// call synchronises twice (arrival, done) instead of three times. Nobody else reads or writes
+// slice r of any buffer, so in place is safe; the caller's check has refused partial overlap.
+inline void allreduce_direct(state& s, const state::call& k, std::uint64_t in_off, std::uint64_t out_off,
+                             std::size_t count, dtype t, op_kind op) {
+  const std::size_t es = size_of(t);
+  // Out of place and larger than the caches: both outputs with streaming stores (nobody reads
+  // them before the call ends; no read-for-ownership). In place they were just read: cached.
+  const bool stream = in_off != out_off && s.p == 2 && count * es >= s.cfg.streaming_bytes;
+  const std::uint64_t g = s.chunk++;
+  const auto mine = s.slice(count, s.me);
+  const std::size_t sb = mine.first, sn = mine.second;  // (lambdas below capture them)
+  const auto in_of = [&](int r) { return s.pool(r) + in_off + sb * es; };
+  const auto out_of = [&](int r) { return s.pool(r) + out_off + sb * es; };
+  const int next = (s.me + 1) % s.p;
+  // Blocks small enough to stay in the core's cache between the reduction (which writes my
+  // output and the next rank's) and the copies into the others' outputs (p > 2).
+  const std::size_t block = s.p == 2 ? sn : std::max<std::size_t>(1, (std::size_t{32} << 10) / es);
+  for (std::size_t b = 0; b < sn; b += block) {
+    const std::size_t n = std::min(block, sn - b);
+    for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = in_of(r) + b * es;
+    kernels::reduce_copy(out_of(s.me) + b * es, out_of(next) + b * es, stream, s.srcs.data(), s.p, n, t, op, s.p,
+                         stream);
+    for (int r = (next + 1) % s.p; r != s.me; r = (r + 1) % s.p) std::memcpy(out_of(r) + b * es, out_of(s.me) + b * es, n * es);
+  }
+  if (stream) kernels::stream_fence();
+  // Every output is complete, and no input is read again, once every rank is done.
+  s.finish_chunk(g);
+  s.wait_done(k, g + 1, "direct reduce");
+}
+
 inline void allreduce(state& s, const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o) {
   const std::size_t es = size_of(t), bytes = count * es;
+  if (kft::detail::overlap_partly(in, out, bytes))
+    throw usage_error("allreduce: the input and output buffers overlap without being the same buffer (in place "
+                      "passes one buffer as both)",
+                      s.site("allreduce", s.seq));
   const auto in_off = s.pool_offset(in, bytes), out_off = s.pool_offset(out, bytes);
   const algo a = s.resolve(collective::allreduce, bytes, o, in_off != detail::no_offset);
   auto k = s.begin(collective::allreduce, t, op, count, -1, a, o, in_off, out_off);
@@ -35,6 +74,7 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
   s.arrive_and_check(k);
   if (count == 0) return;
   const bool zc_in = in_off != detail::no_offset, zc_out = out_off != detail::no_offset;
+  if (a == algo::two_shot && zc_in && zc_out) return allreduce_direct(s, k, in_off, out_off, count, t, op);
   // Outputs bigger than the caches are written with streaming stores (no read-for-ownership).
   const bool stream = !zc_out && bytes >= s.cfg.streaming_bytes;
   // Chunk: a multiple of p elements that fits the staging buffer.
