@@ -4,9 +4,19 @@
 #define BOOST_TEST_MODULE kft_gloo
 #include <boost/test/unit_test.hpp>
 
+#include <dirent.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <fstream>
 #include <functional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +56,48 @@ std::vector<std::string> with_ranks(int p, const std::function<void(kg::communic
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// SIGPIPE's default action for the length of a test (Boost.Test may install its own handlers):
+// what a C++ program meets unless it changes it.
+struct sigpipe_default {
+  struct sigaction old {};
+  sigpipe_default() {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigemptyset(&dfl.sa_mask);
+    ::sigaction(SIGPIPE, &dfl, &old);
+  }
+  ~sigpipe_default() { ::sigaction(SIGPIPE, &old, nullptr); }
+};
+
+bool blocked_here(int sig) {
+  sigset_t now;
+  ::pthread_sigmask(SIG_BLOCK, nullptr, &now);
+  return ::sigismember(&now, sig) == 1;
+}
+
+bool pending_here(int sig) {
+  sigset_t p;
+  ::sigpending(&p);
+  return ::sigismember(&p, sig) == 1;
+}
+
+// The task ids of this process's threads, and one thread's blocked-signal mask (/proc).
+std::set<std::string> thread_ids() {
+  std::set<std::string> ids;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (const dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ids.insert(e->d_name);
+    ::closedir(d);
+  }
+  return ids;
+}
+unsigned long long blocked_mask_of(const std::string& tid) {
+  std::ifstream in("/proc/self/task/" + tid + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("SigBlk:")) return std::stoull(line.substr(7), nullptr, 16);
+  return 0;
+}
 
 }  // namespace
 
@@ -182,4 +234,96 @@ BOOST_AUTO_TEST_CASE(connecting_has_a_deadline) {
                           BOOST_TEST_MESSAGE(e.what());
                           return has(e.what(), "rank 0/2 gloo connect: connecting to the other 1 rank(s) timed out");
                         });
+}
+
+// A write to a socket whose peer has gone raises SIGPIPE, whose default action ends the process
+// silently. Inside the guard kft puts around every Gloo call, the write fails with EPIPE, the
+// signal is discarded, and the thread's mask is what it was.
+BOOST_AUTO_TEST_CASE(a_write_to_a_gone_peer_is_epipe_inside_the_guard) {
+  const sigpipe_default dfl;
+  std::thread([] {
+    BOOST_TEST(!blocked_here(SIGPIPE));
+    int sv[2];
+    BOOST_REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    ::close(sv[1]);
+    char byte = 'x';
+    iovec v{&byte, 1};
+    ssize_t n = 0;
+    int err = 0;
+    {
+      const kg::detail::sigpipe_blocked quiet;
+      BOOST_TEST(blocked_here(SIGPIPE));
+      n = ::writev(sv[0], &v, 1);  // as Gloo's pair writes
+      err = errno;
+      BOOST_TEST(pending_here(SIGPIPE));  // raised, held back by the mask
+    }
+    BOOST_TEST(n == -1);
+    BOOST_TEST(err == EPIPE);
+    BOOST_TEST(!pending_here(SIGPIPE));  // discarded, not delivered when the mask came back
+    BOOST_TEST(!blocked_here(SIGPIPE));
+    ::close(sv[0]);
+  }).join();
+}
+
+// Gloo's event-loop thread (started by make_device) writes too: it starts with SIGPIPE blocked,
+// and the caller's own mask is left as it was.
+BOOST_AUTO_TEST_CASE(gloos_event_loop_thread_has_sigpipe_blocked) {
+  const auto before = thread_ids();
+  auto dev = kg::make_device({"lo", "127.0.0.1", "test"});
+  BOOST_TEST(!blocked_here(SIGPIPE));
+  int started = 0;
+  for (const auto& tid : thread_ids()) {
+    if (before.count(tid)) continue;
+    ++started;
+    const auto mask = blocked_mask_of(tid);
+    BOOST_TEST((mask & (1ULL << (SIGPIPE - 1))) != 0, "thread " << tid << " SigBlk " << std::hex << mask);
+  }
+  BOOST_TEST(started >= 1);  // Gloo's loop
+}
+
+// End to end with SIGPIPE's default action: both ranks stream allreduces; another thread of
+// rank 1 aborts at a different moment each round, cutting its connections under its own call
+// in flight while rank 0 is writing into them. Each round rank 0 must stop at once (well
+// inside the 3 s deadline) with kft's error naming rank 1's abort, and rank 1's own call must
+// end (by its deadline at the latest) with kft's error, not Gloo's. A SIGPIPE would end this
+// test process instead.
+BOOST_AUTO_TEST_CASE(an_abort_under_a_call_in_flight_is_an_error_on_both_sides_not_sigpipe) {
+  using clock = std::chrono::steady_clock;
+  const sigpipe_default dfl;
+  for (int round = 0; round < 16; ++round) {
+    std::atomic<clock::rep> aborted_at{0};
+    std::atomic<double> rank0_after{-1};
+    const auto errors = with_ranks(
+        2,
+        [&](kg::communicator& c) {
+          std::vector<float> x(std::size_t{64} << 10, 1.0f);
+          c.barrier();
+          std::thread cut;
+          if (c.rank() == 1)
+            cut = std::thread([&c, &aborted_at, round] {
+              std::this_thread::sleep_for(std::chrono::microseconds(500 + 400 * round));
+              aborted_at = clock::now().time_since_epoch().count();
+              c.abort("gone");
+            });
+          try {
+            for (;;) c.allreduce(x.data(), x.data(), x.size(), kft::dtype::f32, kft::op_kind::sum);
+          } catch (...) {
+            if (c.rank() == 0)
+              rank0_after = std::chrono::duration<double>(clock::now().time_since_epoch() -
+                                                          clock::duration(aborted_at.load()))
+                                .count();
+            if (cut.joinable()) cut.join();
+            throw;
+          }
+        },
+        3s);
+    BOOST_TEST_MESSAGE("round " << round << ": rank 0 stopped " << rank0_after.load() << " s after the abort: "
+                                << errors[0] << " | " << errors[1]);
+    BOOST_TEST(has(errors[0], "rank 0/2 gloo allreduce #"), errors[0]);
+    BOOST_TEST(has(errors[0], "rank 1 (host1) aborted the communicator: gone"), errors[0]);
+    BOOST_TEST(rank0_after.load() >= 0.0);
+    BOOST_TEST(rank0_after.load() < 1.5);
+    BOOST_TEST(has(errors[1], "rank 1/2 gloo "), errors[1]);
+    BOOST_TEST(has(errors[1], "aborted: gone"), errors[1]);
+  }
 }

@@ -313,8 +313,15 @@ BOOST_AUTO_TEST_CASE(the_trainer_trains_a_module_through_module_model) {
     std::vector<torch::Tensor> out;
     double first = 0, last = 0;
     const auto errors = with_shm_ranks(world, [&](kft::group::process_group& g) {
-      torch::manual_seed(7);
-      auto net = torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 3));
+      // The ranks are threads sharing libtorch's one default generator: seeding and drawing under a
+      // lock gives rank 0 the same initial weights as the 1-rank run (without it the draws of the
+      // two threads interleave and the comparison below fails at random).
+      torch::nn::Sequential net = [] {
+        static std::mutex init;
+        const std::lock_guard lock(init);
+        torch::manual_seed(7);
+        return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 3));
+      }();
       auto fn = [&](std::span<const std::uint32_t> idx) {
         std::vector<std::int64_t> i(idx.begin(), idx.end());
         auto t = torch::tensor(i, torch::kInt64);

@@ -42,6 +42,7 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
+#include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/types.h>
 
@@ -218,12 +219,15 @@ struct state {
 
   template <class F>
   void guarded(collective c, std::uint64_t seq, std::size_t count, dtype t, std::chrono::milliseconds timeout, F&& f) {
+    const sigpipe_blocked quiet;  // a peer gone mid-write is an EPIPE error here, not the process's end
     try {
       f();
     } catch (const ::gloo::Exception& e) {
       fail(c, seq, count, t, timeout, tidy(e.what()));
     } catch (const std::system_error& e) {
       fail(c, seq, count, t, timeout, e.what());
+    } catch (const ::gloo::EnforceNotMet& e) {  // an invariant of Gloo's broken under it (e.g. a closed socket)
+      fail(c, seq, count, t, timeout, tidy(e.what()));
     }
   }
 
@@ -398,6 +402,7 @@ class communicator : public typed_collectives<communicator> {
     s_->ctx->setTimeout(s_->cfg.timeout);
     if (size > 1) {
       store_adapter meet(s_->store, s_->cfg.timeout);
+      const detail::sigpipe_blocked quiet;
       try {
         s_->ctx->connectFullMesh(meet, device);
       } catch (const ::gloo::Exception& e) {
@@ -479,7 +484,10 @@ class communicator : public typed_collectives<communicator> {
 
   /// @brief Stops the communicator on every rank: records `reason` in the store and closes this
   /// rank's connections, so each peer's current or next call fails with a `remote_error`
-  /// naming this rank and the reason; this rank's later calls fail too.
+  /// naming this rank and the reason; this rank's later calls fail too. A call of this rank
+  /// already in flight on another thread is not woken (Gloo offers no way to wake it): it ends
+  /// at its deadline, or sooner when a peer's closed connection reaches it, with a usage_error
+  /// naming the abort.
   void abort(std::string_view reason) noexcept {
     if (!s_) return;
     {
@@ -492,6 +500,7 @@ class communicator : public typed_collectives<communicator> {
     } catch (...) {  // the store is gone: the closed connections still stop the peers
     }
     try {
+      const detail::sigpipe_blocked quiet;
       if (s_->ctx) s_->ctx->closeConnections();
     } catch (...) {
     }

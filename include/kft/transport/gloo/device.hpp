@@ -12,6 +12,15 @@
 /// master address through (on one host: the loopback interface). Only IPv4 addresses are used.
 /// Gloo's device listens on that address, on a port the kernel picks; the peers learn it
 /// through kft's token-checked store, the only listening socket kft itself adds.
+///
+/// **SIGPIPE.** Gloo writes to its sockets with `writev`, which raises SIGPIPE when the peer
+/// has gone, and SIGPIPE's default action ends the process without a word (Python ignores it,
+/// which is why PyTorch's gloo users never meet it; a C++ program does not). kft leaves the
+/// process's signal dispositions alone and instead blocks SIGPIPE in every thread that
+/// writes to Gloo's sockets: Gloo's event-loop thread (started by `make_device`, which
+/// inherits the mask) and, for the length of each call, the thread running it; a SIGPIPE
+/// raised there is discarded and the write fails with EPIPE, which becomes kft's error naming
+/// the peer.
 #pragma once
 
 #include <kft/config.hpp>
@@ -20,12 +29,17 @@
 #endif
 
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <ctime>
 
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -170,12 +184,48 @@ inline interface_choice choose_interface(const std::optional<std::string>& ifnam
                      site);
 }
 
-/// @brief Gloo's TCP device listening on the chosen interface's address.
+namespace detail {
+
+/// @brief While alive, SIGPIPE is blocked in this thread; at the end, a SIGPIPE raised in the
+/// meantime (a write to a socket whose peer has gone) is discarded and the thread's mask is
+/// restored. Threads started meanwhile inherit the blocked mask (Gloo's event loop).
+class sigpipe_blocked {
+ public:
+  sigpipe_blocked() noexcept {
+    ::sigemptyset(&pipe_);
+    ::sigaddset(&pipe_, SIGPIPE);
+    ::pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+    sigset_t pending;
+    ::sigpending(&pending);
+    pending_before_ = ::sigismember(&pending, SIGPIPE) == 1;  // someone else's: not ours to discard
+  }
+  ~sigpipe_blocked() {
+    sigset_t pending;
+    if (!pending_before_ && ::sigpending(&pending) == 0 && ::sigismember(&pending, SIGPIPE) == 1) {
+      const timespec now{0, 0};
+      while (::sigtimedwait(&pipe_, nullptr, &now) < 0 && errno == EINTR) {
+      }
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  sigpipe_blocked(const sigpipe_blocked&) = delete;
+  sigpipe_blocked& operator=(const sigpipe_blocked&) = delete;
+
+ private:
+  sigset_t pipe_{}, old_{};
+  bool pending_before_ = false;
+};
+
+}  // namespace detail
+
+/// @brief Gloo's TCP device listening on the chosen interface's address (its event-loop
+/// thread starts with SIGPIPE blocked: see the file's note).
 /// @throws transport_error with Gloo's text when it cannot bind
 inline std::shared_ptr<::gloo::transport::Device> make_device(const interface_choice& nic) {
   ::gloo::transport::tcp::attr attr;
   attr.hostname = nic.address;
   attr.ai_family = AF_INET;
+  const detail::sigpipe_blocked quiet;
   try {
     return ::gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
