@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <kft/group/factory.hpp>
@@ -40,6 +42,25 @@ struct job {
         me(kft::discover(env)),
         store(kft::rendezvous::connect_store(me, env)),
         pg(make(me, store, env, pool_bytes)) {}
+
+  /// Every rank leaves at the same instant, as nearly as the clock allows. On one host the
+  /// processes share CLOCK_MONOTONIC (steady_clock), so they agree on a start 1 ms after the
+  /// latest one's arrival and each waits for it (sleeping, then polling the last 300 us). A
+  /// barrier alone lets the ranks go tens to hundreds of microseconds apart (the wake-up of a
+  /// rank asleep in it), and a timed step would count that skew as the peers' waiting. Ranks on
+  /// several hosts do not share a clock: there it is a barrier.
+  void start_together() {
+    if (me.local_size.value_or(0) != me.world_size) {
+      pg.barrier();
+      return;
+    }
+    using ns = std::chrono::nanoseconds;
+    std::int64_t at = std::chrono::duration_cast<ns>(clk::now().time_since_epoch() + std::chrono::milliseconds(1)).count();
+    pg.allreduce(&at, &at, 1, kft::dtype::i64, kft::op_kind::max);
+    const clk::time_point start{ns(at)};
+    std::this_thread::sleep_until(start - std::chrono::microseconds(300));
+    while (clk::now() < start) std::this_thread::yield();
+  }
 
   /// The slowest rank's value (every rank gets it).
   double slowest(double v) {

@@ -135,7 +135,7 @@ bucket_times bucket_rows(job& j, Group& g, const std::vector<std::size_t>& count
   works.reserve(params.size());
   auto bucketed = [&] {
     fill(red);
-    g.barrier();
+    j.start_together();
     const auto t0 = clk::now();
     for (std::size_t i = params.size(); i-- > 0;) red.mark_ready(i);
     red.finish();
@@ -145,7 +145,7 @@ bucket_times bucket_rows(job& j, Group& g, const std::vector<std::size_t>& count
   };
   auto per_tensor = [&] {
     fill(red);
-    g.barrier();
+    j.start_together();
     const auto t0 = clk::now();
     for (std::size_t i = params.size(); i-- > 0;) {
       auto grad = red.template gradient<float>(i);
@@ -159,7 +159,7 @@ bucket_times bucket_rows(job& j, Group& g, const std::vector<std::size_t>& count
   };
   auto single_reducer = [&] {
     fill(one);
-    g.barrier();
+    j.start_together();
     const auto t0 = clk::now();
     one.mark_ready(0);
     one.finish();
@@ -169,7 +169,7 @@ bucket_times bucket_rows(job& j, Group& g, const std::vector<std::size_t>& count
   };
   auto single_plain = [&] {
     fill(one);
-    g.barrier();
+    j.start_together();
     auto grad = one.template gradient<float>(0);
     const auto t0 = clk::now();
     g.allreduce_async(grad.data(), grad.data(), grad.size(), kft::dtype::f32, kft::op_kind::avg).wait();

@@ -3,12 +3,15 @@
 #define BOOST_TEST_MODULE kft_groups
 #include <boost/test/unit_test.hpp>
 
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -260,6 +263,102 @@ BOOST_AUTO_TEST_CASE(engine_runs_in_submission_order_and_reports_errors) {
   for (int i = 0; i < 20; ++i) BOOST_TEST(order[static_cast<std::size_t>(i)] == i);
   BOOST_TEST(w[4].sequence() == 5u);
   BOOST_TEST((bad.op() == kft::collective::broadcast));
+}
+
+namespace {
+std::vector<int> cpus_of(const cpu_set_t& set) {
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+std::vector<int> my_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  BOOST_REQUIRE(pthread_getaffinity_np(pthread_self(), sizeof set, &set) == 0);
+  return cpus_of(set);
+}
+// The CPUs the worker of `e` may run on, seen from inside one of its tasks. Polled, not waited
+// for: a waiter would run the task itself while the worker is idle.
+std::vector<int> worker_cpus(kft::async::engine& e) {
+  std::vector<int> seen;
+  auto w = e.submit({kft::collective::barrier, 1, 5s, {}}, [&] { seen = my_cpus(); });
+  while (!w.test()) std::this_thread::sleep_for(1ms);
+  return seen;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(engine_binds_its_worker_to_its_share_of_the_cpus) {
+  const std::vector<int> cpus = my_cpus();
+  const int n = static_cast<int>(cpus.size());
+  if (n >= 2) {
+    for (int i = 0; i < n; ++i) {  // as many workers as CPUs: one each
+      kft::async::engine e("place", {i, n});
+      BOOST_TEST(worker_cpus(e) == std::vector<int>{cpus[static_cast<std::size_t>(i)]});
+      BOOST_TEST(e.worker_cpu() == cpus[static_cast<std::size_t>(i)]);
+    }
+    kft::async::engine spread("two of many", {1, 2});  // fewer workers than CPUs: spread out
+    BOOST_TEST(spread.worker_cpu() == -1);           // not started yet
+    BOOST_TEST(worker_cpus(spread) == std::vector<int>{cpus[static_cast<std::size_t>(n / 2)]});
+    kft::async::engine wrap("more than CPUs", {n + 1, 2 * n});  // more workers than CPUs: round robin
+    BOOST_TEST(worker_cpus(wrap) == std::vector<int>{cpus[1]});
+  } else {
+    BOOST_TEST_MESSAGE("one CPU allowed: only the unbound cases below run");
+  }
+  kft::async::engine unknown("no placement");  // place unknown: left to the scheduler
+  BOOST_TEST(worker_cpus(unknown) == cpus);
+  BOOST_TEST(unknown.worker_cpu() == -1);
+  // A thread bound to one CPU already (as a launcher binds a rank) starts a worker that stays there.
+  std::vector<int> inherited;
+  int bound = 0;
+  std::thread([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus.back(), &one);
+    BOOST_REQUIRE(pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0);
+    kft::async::engine e("launcher-bound", {0, 2});
+    inherited = worker_cpus(e);
+    bound = e.worker_cpu();
+  }).join();
+  BOOST_TEST(inherited == std::vector<int>{cpus.back()});
+  BOOST_TEST(bound == -1);
+}
+
+BOOST_AUTO_TEST_CASE(shm_ranks_progress_threads_take_one_cpu_each_unless_told_not_to) {
+  const std::vector<int> cpus = my_cpus();
+  const int n = static_cast<int>(cpus.size());
+  BOOST_TEST(kft::group::shm_config(kft::environment(kft::environment::map_type{})).bind_progress_thread);
+  BOOST_TEST(kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_PROGRESS_AFFINITY", "auto"}}))
+                 .bind_progress_thread);
+  const auto off = kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_PROGRESS_AFFINITY", "none"}}));
+  BOOST_TEST(!off.bind_progress_thread);
+  BOOST_CHECK_EXCEPTION(
+      kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_PROGRESS_AFFINITY", "cores"}})),
+      kft::config_error, [](const kft::config_error& e) {
+        const std::string m = e.what();
+        return m.find("KFT_PROGRESS_AFFINITY") != std::string::npos && m.find("cores") != std::string::npos;
+      });
+  for (const bool bind : {true, false}) {
+    auto store = std::make_shared<kft::rendezvous::memory_store>();
+    std::vector<int> cpu(2, -2);
+    std::vector<std::thread> t;
+    for (int r = 0; r < 2; ++r)
+      t.emplace_back([&, r] {
+        kft::shm::config c;
+        c.name = bind ? "bound" : "unbound";
+        c.bind_progress_thread = bind;
+        kft::shm::communicator comm(store, r, 2, c);
+        std::vector<float> x(1024, 1.0f);
+        auto w = comm.allreduce_async(x.data(), x.data(), x.size(), kft::dtype::f32, kft::op_kind::sum);
+        while (!w.test()) std::this_thread::sleep_for(1ms);  // polled: the progress thread runs it
+        cpu[static_cast<std::size_t>(r)] = comm.progress_cpu();
+      });
+    for (auto& th : t) th.join();
+    for (int r = 0; r < 2; ++r) {
+      const int want = bind && n >= 2 ? cpus[static_cast<std::size_t>(r * n / 2)] : -1;
+      BOOST_TEST(cpu[static_cast<std::size_t>(r)] == want, "rank " << r << (bind ? " bound" : " unbound"));
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(dropping_work_waits_for_it) {

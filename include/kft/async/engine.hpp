@@ -24,6 +24,18 @@
 /// apart and the next bucket waited for the later one. If the kernel refuses the policy the worker
 /// keeps the default one.
 ///
+/// The worker is also bound to one CPU when the engine knows its process's place on the node
+/// (`placement`: the local rank among the local ranks, given by the shared-memory communicator
+/// and the CPU group): the `index`-th of `count` workers takes the CPU at the same fraction of
+/// the CPUs this thread may use (with more workers than CPUs, CPU `index % n`). Left to the
+/// scheduler, the workers of two ranks often shared one core while the other idled (a woken
+/// thread is placed near its waker, and the ranks' compute threads wander): in a KFT_TIMELINE
+/// trace of `bench/ddp_overlap` the progress threads then waited 0.3-2 ms per step for a core and
+/// a 4 MiB bucket took 2-3x its time. Without a placement the worker is not bound
+/// (`shm::config::bind_progress_thread = false`, `KFT_PROGRESS_AFFINITY=none` through the
+/// process groups); a thread allowed only one CPU (a launcher's binding, as `mpirun --bind-to
+/// core` makes) is left as it is.
+///
 /// In steady state a submission allocates nothing: work states are recycled once no handle
 /// holds them, tasks up to `task::capacity` bytes live inside the queue's slots, and the queue
 /// is a ring that only grows (a training step's collectives reuse the same memory every step).
@@ -122,9 +134,16 @@ class task {
   const ops* ops_ = nullptr;
 };
 
+/// @brief This process's place among the processes of its node that run an engine each (its
+/// local rank and their number), for binding the worker; `index < 0` when unknown (not bound).
+struct placement {
+  int index = -1;
+  int count = 0;
+};
+
 class engine {
  public:
-  explicit engine(std::string name = "kft engine") : name_(std::move(name)) {}
+  explicit engine(std::string name = "kft engine", placement where = {}) : name_(std::move(name)), where_(where) {}
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
   ~engine() {
@@ -170,6 +189,9 @@ class engine {
   /// @brief True on the engine's own worker thread (a task that calls back into its owner).
   bool on_worker() const noexcept { return worker_.get_id() == std::this_thread::get_id(); }
   const std::string& name() const noexcept { return name_; }
+  /// @brief The CPU the worker is bound to, or -1 (not bound, or not started yet: the worker
+  /// starts with the first submission).
+  int worker_cpu() const noexcept { return worker_cpu_.load(std::memory_order_acquire); }
 
  private:
   struct item {
@@ -240,8 +262,35 @@ class engine {
 #endif
   }
 
+  // Binds the calling thread (the worker) to its share of the CPUs it may use (inherited from
+  // the thread that started it); -1 when it stays as it is.
+  static int bind(placement where) noexcept {
+#if defined(__linux__)
+    if (where.index < 0) return -1;
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (pthread_getaffinity_np(pthread_self(), sizeof allowed, &allowed) != 0) return -1;
+    const int n = CPU_COUNT(&allowed);
+    if (n < 2) return -1;  // bound already (a launcher's binding): nothing to choose
+    const int k = where.count > 0 && where.count <= n
+                      ? static_cast<int>(static_cast<long>(where.index) * n / where.count)
+                      : where.index % n;
+    for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &allowed) || seen++ != k) continue;
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      return pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0 ? cpu : -1;  // best effort
+    }
+#else
+    (void)where;
+#endif
+    return -1;
+  }
+
   void run() {
     batch_policy();
+    worker_cpu_.store(bind(where_), std::memory_order_release);
     std::unique_lock lock(mu_);
     while (true) {
       // Never while a helping waiter runs an item: one operation at a time, in order.
@@ -281,6 +330,8 @@ class engine {
   }
 
   std::string name_;
+  placement where_;
+  std::atomic<int> worker_cpu_{-1};
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<item> ring_;

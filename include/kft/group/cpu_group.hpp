@@ -76,7 +76,11 @@ class cpu_group : public typed_collectives<cpu_group<Inter>> {
   KFT_TYPED_COLLECTIVES(typed);
 
   cpu_group(cpu_group_parts<Inter> parts, cpu_group_config cfg = {})
-      : cfg_(cfg), p_(std::move(parts)), engine_("cpu group rank " + std::to_string(p_.flat.rank())) {
+      : cfg_(cfg),
+        p_(std::move(parts)),
+        engine_("cpu group rank " + std::to_string(p_.flat.rank()),
+                p_.intra->configuration().bind_progress_thread ? async::placement{p_.intra->rank(), p_.intra->size()}
+                                                               : async::placement{}) {
     if (p_.layout.nodes() > 1 && !p_.layout.uniform()) {
       fallback_ = p_.layout.describe() + ": nodes hold different numbers of ranks, so allreduce runs flat (hierarchical "
                                          "needs the same count on every node)";

@@ -30,7 +30,8 @@ namespace group {
 /// written by `bench/tune_shm.py`: `shm::parse_tuning`; its crossover rows go before base's),
 /// then `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES` and `KFT_SHM_STREAMING_BYTES` applied
 /// (like NCCL_BUFFSIZE: buffers resized without recompiling; all ranks must see the same values,
-/// which the segment header checks).
+/// which the segment header checks), and `KFT_PROGRESS_AFFINITY` (`auto`: the progress thread
+/// bound to the local rank's CPU, the default; `none`: left to the scheduler).
 /// @throws config_error naming a malformed or out-of-range variable, an unreadable tuning file,
 /// or the line of the file at fault
 inline shm::config shm_config(const environment& env, shm::config base = {}) {
@@ -58,6 +59,13 @@ inline shm::config shm_config(const environment& env, shm::config base = {}) {
   if (auto v = env_int(env, "KFT_SHM_STAGING_BYTES", 4096, 1 << 30, ctx)) base.staging_bytes = static_cast<std::size_t>(*v);
   if (auto v = env_int(env, "KFT_SHM_SMALL_BYTES", 64, 1 << 26, ctx)) base.small_bytes = static_cast<std::size_t>(*v);
   if (auto v = env_int(env, "KFT_SHM_STREAMING_BYTES", 0, 1 << 30, ctx)) base.streaming_bytes = static_cast<std::size_t>(*v);
+  if (auto v = env.get("KFT_PROGRESS_AFFINITY"); v && !v->empty()) {
+    if (*v != "auto" && *v != "none")
+      throw config_error("KFT_PROGRESS_AFFINITY", *v,
+                         "is not 'auto' (bind each local rank's progress thread to its own CPU) or 'none'",
+                         error_site::of(std::string(ctx)));
+    base.bind_progress_thread = *v == "auto";
+  }
   return base;
 }
 

@@ -58,7 +58,9 @@ class communicator : public typed_collectives<communicator> {
                         error_site::of("shm init"));
     if (!store) throw usage_error("shm communicator needs a store", error_site::of("shm init"));
     s_->init(*store, rank, size, std::move(cfg));
-    engine_ = std::make_unique<async::engine>("shm rank " + std::to_string(rank));
+    engine_ = std::make_unique<async::engine>(
+        "shm rank " + std::to_string(rank),
+        s_->cfg.bind_progress_thread ? async::placement{rank, size} : async::placement{});
   }
   communicator(communicator&&) noexcept = default;
   communicator& operator=(communicator&& o) noexcept {
@@ -77,6 +79,9 @@ class communicator : public typed_collectives<communicator> {
   /// @brief Calls issued so far (the next call's sequence number is this + 1).
   std::uint64_t sequence() const noexcept { return issued_; }
   const config& configuration() const noexcept { return s_->cfg; }
+  /// @brief The CPU this rank's progress thread is bound to (`config::bind_progress_thread`),
+  /// or -1: not bound, or not started (it starts with the first asynchronous call).
+  int progress_cpu() const noexcept { return engine_ ? engine_->worker_cpu() : -1; }
   /// @brief The site of the next call, for argument errors (`typed_collectives`).
   error_site next_site(collective c) const { return s_->site(std::string(name(c)), issued_ + 1); }
 

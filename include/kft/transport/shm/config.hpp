@@ -52,6 +52,9 @@ struct config {
   /// What algo::automatic runs, by size (tuning.hpp), first matching row first; a machine measured
   /// differently brings its own rows (`KFT_SHM_TUNING`, written by `bench/tune_shm.py`; `keep_table`).
   std::span<const crossover> crossovers = default_crossovers;
+  /// Bind the progress thread (asynchronous calls) to this local rank's share of the CPUs
+  /// (`async::placement`); the process groups set it from `KFT_PROGRESS_AFFINITY` (auto | none).
+  bool bind_progress_thread = true;
 };
 
 }  // namespace shm
