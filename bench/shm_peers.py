@@ -12,7 +12,11 @@ runs (float sum, out of place, one buffer pair reused for every call):
   Open MPI       allreduce_loop.openmpi --memcpy    (a plain MPI_Allreduce loop; it also times memcpy)
   Open MPI tuned allreduce_loop.openmpi --tuned-malloc (mallopt keeps freed memory: no page faults per call)
   MPICH          allreduce_loop.mpich, under mpirun.mpich
-and prints medians over the rounds (busbw in GB/s, nccl-tests' 2(p-1)/p factor). The MPI loops
+and prints medians over the rounds (busbw in GB/s, nccl-tests' 2(p-1)/p factor). The columns'
+order turns by one each round. A ratio (kft over the best MPI, kft over its bound) is taken in
+each round, from runs made back to back, and the median of those is printed: on a shared machine
+whose speed drifts over minutes, a ratio of two medians can pair a fast phase of one side with a
+slow phase of the other. The MPI loops
 run at least 10 ms of calls per size; kft's sizes below --small-below (1 MiB) run in a run of
 their own with --small-iters (1000) calls, so no column's small sizes carry first-call costs.
 
@@ -170,9 +174,10 @@ def fmt(x, digits=2):
     return f"{x:.{digits}f}" if x >= 1 or x == 0 else f"{x:.3g}"
 
 
-def evaluate(p, table, cpus, bound_from):
-    """Turns each size's median times (us) into busbw (GB/s), adds the best MPI, ratios and
-    bounds; returns the goal lines."""
+def evaluate(p, table, cpus, bound_from, rounds):
+    """Turns each size's median times (us) into busbw (GB/s), adds the best MPI and the bounds,
+    and the ratios (medians of per-round ratios: `rounds` holds each size's per-round values,
+    in round order); returns the goal lines."""
     sizes = sorted(table)
     for s in sizes:
         r = table[s]
@@ -182,13 +187,25 @@ def evaluate(p, table, cpus, bound_from):
                 r[c] = s / (r[c] * 1e3) * 2 * (p - 1) / p if r[c] > 0 else float("nan")
         mpis = [r[c] for c in MPI_COLUMNS if c in r and r[c] == r[c]]  # measured, not NaN
         r["best_mpi"] = max(mpis) if mpis else float("nan")
-        r["copy_over_mpi"] = r["kft_copy"] / r["best_mpi"] if mpis and r["best_mpi"] > 0 else float("nan")
-        r["zc_over_mpi"] = r["kft_zc"] / r["best_mpi"] if mpis and r["best_mpi"] > 0 else float("nan")
         mc = r.get("memcpy", float("nan"))
         r["copy_bound"] = bound(mc, copy_factor(p), p, cpus)
         r["zc_bound"] = bound(mc, zero_copy_factor(p), p, cpus)
-        r["copy_over_bound"] = r["kft_copy"] / r["copy_bound"] if r["copy_bound"] > 0 else float("nan")
-        r["zc_over_bound"] = r["kft_zc"] / r["zc_bound"] if r["zc_bound"] > 0 else float("nan")
+        # The ratios pair each round's kft with the same round's peers and memcpy (run back to back),
+        # then take the median over rounds: a slow phase of a shared machine then moves both sides
+        # of a ratio instead of one side of it.
+        per_round = rounds.get(s, {})
+        for kft_col, key in (("kft_copy", "copy"), ("kft_zc", "zc")):
+            over_mpi, over_bound = [], []
+            for i, t_kft in enumerate(per_round.get(kft_col, [])):
+                mpi_times = [per_round[c][i] for c in MPI_COLUMNS if len(per_round.get(c, [])) > i and per_round[c][i] > 0]
+                if t_kft > 0 and mpi_times:
+                    over_mpi.append(min(mpi_times) / t_kft)
+                if t_kft > 0 and len(per_round.get("memcpy", [])) > i:
+                    b = bound(per_round["memcpy"][i], copy_factor(p) if key == "copy" else zero_copy_factor(p), p, cpus)
+                    if b > 0:
+                        over_bound.append(s / (t_kft * 1e3) * 2 * (p - 1) / p / b)
+            r[key + "_over_mpi"] = median(over_mpi)
+            r[key + "_over_bound"] = median(over_bound)
 
     def failing(key, limit, from_size=0):
         considered = [s for s in sizes if s >= from_size]
@@ -222,7 +239,7 @@ def markdown(p, table, goals, rounds, cpus):
     head = ("| size | memcpy GB/s | kft copy | kft zero-copy | Open MPI | Open MPI malloc-tuned | MPICH "
             "| copy / best MPI | zero-copy / best MPI | copy bound | copy / bound | zero-copy bound | zero-copy / bound |")
     lines = [f"**{p} ranks** ({'oversubscribed: ' if p > cpus else ''}{p} ranks on {cpus} CPUs), "
-             f"busbw in GB/s, medians of {rounds} rounds:", "", head, "|" + " --- |" * (head.count("|") - 1)]
+             f"busbw in GB/s, medians of {rounds} rounds; the ratio columns are medians of the per-round ratios:", "", head, "|" + " --- |" * (head.count("|") - 1)]
     for s in sorted(table):
         r = table[s]
         cells = [human(s), fmt(r.get("memcpy", float("nan")), 1)] + \
@@ -287,13 +304,24 @@ def main():
         for i in range(args.rounds):
             for p in args.ranks:
                 print(f"# round {i + 1}/{args.rounds}, {p} ranks", file=sys.stderr, flush=True)
-                got = {"kft_copy": kft_run(args, p, False, os.path.join(tmp, "c.json")),
-                       "kft_zc": kft_run(args, p, True, os.path.join(tmp, "z.json"))}
-                if "openmpi" in loops:
+                got = {}
+
+                def run_ompi():
                     got["ompi"], got["memcpy"], versions["ompi"] = loop_run(args, p, *loops["openmpi"], ["--memcpy"])
+
+                def run_ompi_tuned():
                     got["ompi_tuned"], _, _ = loop_run(args, p, *loops["openmpi"], ["--tuned-malloc"])
-                if "mpich" in loops:
+
+                def run_mpich():
                     got["mpich"], _, versions["mpich"] = loop_run(args, p, *loops["mpich"], [])
+
+                steps = [lambda: got.__setitem__("kft_copy", kft_run(args, p, False, os.path.join(tmp, "c.json"))),
+                         lambda: got.__setitem__("kft_zc", kft_run(args, p, True, os.path.join(tmp, "z.json")))]
+                steps += [run_ompi, run_ompi_tuned] if "openmpi" in loops else []
+                steps += [run_mpich] if "mpich" in loops else []
+                # The columns' order turns by one each round: none is always first after a pause.
+                for step in steps[i % len(steps):] + steps[:i % len(steps)]:
+                    step()
                 for col, per_size in got.items():
                     for size, v in per_size.items():
                         acc[p].setdefault(size, {}).setdefault(col, []).append(v)
@@ -311,7 +339,7 @@ def main():
              "once, the slowest (bench/shm_peers.py).\n")
     for p in args.ranks:
         table = {s: {c: median(v) for c, v in cols.items()} for s, cols in acc[p].items()}
-        goals = evaluate(p, table, cpus, args.bound_from)
+        goals = evaluate(p, table, cpus, args.bound_from, acc[p])
         sections.append(markdown(p, table, goals, args.rounds, cpus))
         summary[str(p)] = {"sizes": {str(s): r for s, r in sorted(table.items())}, "goals": goals}
     text = intro + "\n" + "\n".join(sections)

@@ -24,24 +24,37 @@ namespace shm::detail {
 inline void allreduce_direct(state& s, const state::call& k, std::uint64_t in_off, std::uint64_t out_off,
                              std::size_t count, dtype t, op_kind op) {
   const std::size_t es = size_of(t);
-  // Out of place and larger than the caches: both outputs with streaming stores (nobody reads
-  // them before the call ends; no read-for-ownership). In place they were just read: cached.
-  const bool stream = in_off != out_off && s.p == 2 && count * es >= s.cfg.streaming_bytes;
+  // Out of place and larger than the caches: every output with streaming stores (nobody reads
+  // them before the call ends; no read-for-ownership, and they do not push the inputs out of the
+  // caches). In place they were just read: cached.
+  const bool stream = in_off != out_off && count * es >= s.cfg.streaming_bytes;
   const std::uint64_t g = s.chunk++;
   const auto mine = s.slice(count, s.me);
   const std::size_t sb = mine.first, sn = mine.second;  // (lambdas below capture them)
   const auto in_of = [&](int r) { return s.pool(r) + in_off + sb * es; };
   const auto out_of = [&](int r) { return s.pool(r) + out_off + sb * es; };
   const int next = (s.me + 1) % s.p;
-  // Blocks small enough to stay in the core's cache between the reduction (which writes my
-  // output and the next rank's) and the copies into the others' outputs (p > 2).
-  const std::size_t block = s.p == 2 ? sn : std::max<std::size_t>(1, (std::size_t{32} << 10) / es);
-  for (std::size_t b = 0; b < sn; b += block) {
-    const std::size_t n = std::min(block, sn - b);
-    for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = in_of(r) + b * es;
-    kernels::reduce_copy(out_of(s.me) + b * es, out_of(next) + b * es, stream, s.srcs.data(), s.p, n, t, op, s.p,
-                         stream);
-    for (int r = (next + 1) % s.p; r != s.me; r = (r + 1) % s.p) std::memcpy(out_of(r) + b * es, out_of(s.me) + b * es, n * es);
+  // Blocks small enough to stay in the core's cache between the reduction and the copies into
+  // the others' outputs (p > 2).
+  const std::size_t block = s.p == 2 ? sn : std::max<std::size_t>(1, state::direct_block_bytes / es);
+  if (s.p > 2 && stream) {
+    // Streamed, p > 2: reduce a block into private scratch (cached), stream it into every output.
+    auto* scratch = s.direct_scratch.data() + ((64 - reinterpret_cast<std::uintptr_t>(s.direct_scratch.data()) % 64) % 64);
+    for (std::size_t b = 0; b < sn; b += block) {
+      const std::size_t n = std::min(block, sn - b);
+      for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = in_of(r) + b * es;
+      kernels::reduce_copy(scratch, out_of(s.me) + b * es, true, s.srcs.data(), s.p, n, t, op, s.p);
+      for (int r = next; r != s.me; r = (r + 1) % s.p) kernels::copy(out_of(r) + b * es, scratch, n * es, true);
+    }
+  } else {
+    for (std::size_t b = 0; b < sn; b += block) {
+      const std::size_t n = std::min(block, sn - b);
+      for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = in_of(r) + b * es;
+      kernels::reduce_copy(out_of(s.me) + b * es, out_of(next) + b * es, stream, s.srcs.data(), s.p, n, t, op, s.p,
+                           stream);
+      for (int r = (next + 1) % s.p; r != s.me; r = (r + 1) % s.p)
+        std::memcpy(out_of(r) + b * es, out_of(s.me) + b * es, n * es);
+    }
   }
   if (stream) kernels::stream_fence();
   // Every output is complete, and no input is read again, once every rank is done.

@@ -54,6 +54,10 @@ struct state {
   unsigned char* regions = nullptr;
   std::size_t region_bytes = 0, small_off = 0, slot_bytes = 0, staging_off = 0, pool_off = 0;
   std::vector<const void*> srcs;      // reduction sources, sized once: no allocation per call
+  // The direct zero-copy allreduce's reduced block for p > 2 out of place, copied from here into
+  // every output with streaming stores (private: nobody else reads it; sized once).
+  static constexpr std::size_t direct_block_bytes = 32u << 10;
+  std::vector<unsigned char> direct_scratch;
   std::vector<std::uint64_t> peer_off;  // allgather: each rank's zero-copy input offset
   bool oversubscribed = false;    // more local ranks than online CPUs
   std::uint64_t seq = 0;    // calls made
@@ -93,6 +97,7 @@ struct state {
     ctrl = reinterpret_cast<detail::rank_ctrl*>(seg.data() + ctrl_off);
     regions = seg.data() + regions_off;
     srcs.resize(static_cast<std::size_t>(p));
+    if (p > 2) direct_scratch.resize(direct_block_bytes + 64);
     peer_off.resize(static_cast<std::size_t>(p));
     oversubscribed = p > static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
 
