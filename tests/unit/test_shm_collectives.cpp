@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -156,6 +157,69 @@ BOOST_AUTO_TEST_CASE(zero_copy_buffers_are_free_when_the_call_returns) {
             throw std::runtime_error("zero-copy allgather input read after its owner rewrote it, at " + std::to_string(j));
       }
     });
+  }
+}
+
+// The direct zero-copy allreduce with claimed blocks (what runs by default when the ranks
+// outnumber the CPUs, from 16 MiB; forced here with a low threshold): calls of several sizes in
+// a row, in place and out of place, streamed and not, below and above the threshold. Every
+// output is filled with garbage first, so a block nobody reduced shows; every rank's output must
+// be exact and bit-identical; and the blocks must really have been claimed (by someone).
+BOOST_AUTO_TEST_CASE(direct_allreduce_with_claimed_blocks) {
+  for (int p : {3, 4}) {
+    std::vector<std::uint64_t> claimed(static_cast<std::size_t>(p));
+    auto cfg = small_config("claim" + std::to_string(p));
+    cfg.claim_blocks = 1;
+    cfg.claim_from_bytes = 64u << 10;
+    with_ranks(
+        p, cfg.name,
+        [&](shm::communicator& comm) {
+          const std::size_t nmax = 300001;
+          auto a = comm.allocate<float>(nmax);
+          auto b = comm.allocate<float>(nmax);
+          const float total = static_cast<float>(p * (p + 1) / 2);
+          std::vector<std::int64_t> sums(static_cast<std::size_t>(comm.size()));
+          int iter = 0;
+          for (std::size_t n : {std::size_t{100003}, std::size_t{16383}, std::size_t{300001}, std::size_t{20000},
+                                std::size_t{262147}, std::size_t{100003}}) {
+            for (bool in_place : {false, true}) {
+              for (std::size_t i = 0; i < n; ++i) a[i] = static_cast<float>(comm.rank() + 1) * static_cast<float>(i % 11);
+              std::fill(b.begin(), b.end(), -1e30f);
+              auto out = in_place ? a.subspan(0, n) : b.subspan(0, n);
+              if (in_place)
+                comm.allreduce(a.subspan(0, n), kft::ops::sum);
+              else
+                comm.allreduce(std::span<const float>(a.subspan(0, n)), out, kft::ops::sum);
+              std::uint64_t h = 1469598103934665603ull;
+              for (std::size_t i = 0; i < n; ++i) {
+                if (out[i] != total * static_cast<float>(i % 11))
+                  throw std::runtime_error("claimed-block allreduce wrong at " + std::to_string(i) + " of " +
+                                           std::to_string(n) + (in_place ? " (in place)" : " (out of place)") +
+                                           ", call " + std::to_string(iter));
+                std::uint32_t bits;
+                std::memcpy(&bits, &out[i], 4);
+                h = (h ^ bits) * 1099511628211ull;
+              }
+              std::vector<std::int64_t> mine{static_cast<std::int64_t>(h)};
+              comm.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(sums));
+              for (auto x : sums)
+                if (x != mine[0]) throw std::runtime_error("claimed-block allreduce: ranks' outputs differ, call " + std::to_string(iter));
+              ++iter;
+            }
+          }
+          claimed[static_cast<std::size_t>(comm.rank())] = comm.claimed_blocks();
+        },
+        cfg);
+    std::uint64_t all = 0, want = 0;
+    for (auto c : claimed) all += c;
+    // Every block of every call above the threshold claimed exactly once (in place and out of
+    // place: twice per size); blocks of about a quarter of a rank's share, 32-256 KiB.
+    for (std::size_t n : {100003, 16383, 300001, 20000, 262147, 100003}) {
+      if (n * 4 < cfg.claim_from_bytes) continue;
+      const std::size_t unit = std::clamp<std::size_t>(n * 4 / (4 * static_cast<std::size_t>(p)), 32u << 10, 256u << 10) / 4;
+      want += 2 * ((n + unit - 1) / unit);
+    }
+    BOOST_TEST(all == want, p << " ranks claimed " << all << " blocks in all, not " << want);
   }
 }
 

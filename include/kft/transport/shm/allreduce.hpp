@@ -21,6 +21,14 @@ namespace shm::detail {
 // 2.5 N read and written by reduce-scatter + allgather through its own output (p = 2), and the
 // call synchronises twice (arrival, done) instead of three times. Nobody else reads or writes
 // slice r of any buffer, so in place is safe; the caller's check has refused partial overlap.
+//
+// With more ranks than CPUs (p > 2, from 16 MiB: config::claim_blocks, claim_from_bytes) the
+// slices are not fixed: the message is cut into blocks that the ranks claim from a counter in
+// the segment, so whichever rank runs does the next block. Fixed slices would leave a CPU idle
+// (3 ranks on 2 CPUs: the rank alone on its CPU finishes its third and waits while two ranks
+// share the other CPU), and the scheduler moves nobody over while the waiter polls. A block is still reduced and written by one rank only, from the
+// inputs in rank order, so results do not depend on who did it (bit-identical on every rank).
+// Below 16 MiB the fixed slices measured as fast or faster (4 ranks on 2 vCPUs, 256 KiB-4 MiB).
 inline void allreduce_direct(state& s, const state::call& k, std::uint64_t in_off, std::uint64_t out_off,
                              std::size_t count, dtype t, op_kind op) {
   const std::size_t es = size_of(t);
@@ -29,35 +37,59 @@ inline void allreduce_direct(state& s, const state::call& k, std::uint64_t in_of
   // caches). In place they were just read: cached.
   const bool stream = in_off != out_off && count * es >= s.cfg.streaming_bytes;
   const std::uint64_t g = s.chunk++;
-  const auto mine = s.slice(count, s.me);
-  const std::size_t sb = mine.first, sn = mine.second;  // (lambdas below capture them)
-  const auto in_of = [&](int r) { return s.pool(r) + in_off + sb * es; };
-  const auto out_of = [&](int r) { return s.pool(r) + out_off + sb * es; };
   const int next = (s.me + 1) % s.p;
-  // Blocks small enough to stay in the core's cache between the reduction and the copies into
-  // the others' outputs (p > 2).
-  const std::size_t block = s.p == 2 ? sn : std::max<std::size_t>(1, state::direct_block_bytes / es);
-  if (s.p > 2 && stream) {
-    // Streamed, p > 2: reduce a block into private scratch (cached), stream it into every output.
-    auto* scratch = s.direct_scratch.data() + ((64 - reinterpret_cast<std::uintptr_t>(s.direct_scratch.data()) % 64) % 64);
-    for (std::size_t b = 0; b < sn; b += block) {
-      const std::size_t n = std::min(block, sn - b);
-      for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = in_of(r) + b * es;
-      kernels::reduce_copy(scratch, out_of(s.me) + b * es, true, s.srcs.data(), s.p, n, t, op, s.p);
-      for (int r = next; r != s.me; r = (r + 1) % s.p) kernels::copy(out_of(r) + b * es, scratch, n * es, true);
+  // Reduces elements [first, first + n) of every input into every output.
+  auto reduce_range = [&](std::size_t first, std::size_t n) {
+    const auto in_of = [&](int r) { return s.pool(r) + in_off + first * es; };
+    const auto out_of = [&](int r) { return s.pool(r) + out_off + first * es; };
+    if (s.p == 2) {
+      for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = in_of(r);
+      kernels::reduce_copy(out_of(s.me), out_of(next), stream, s.srcs.data(), s.p, n, t, op, s.p, stream);
+      return;
     }
+    // Blocks small enough to stay in the core's cache between the reduction and the copies into
+    // the others' outputs.
+    const std::size_t block = std::max<std::size_t>(1, state::direct_block_bytes / es);
+    auto* scratch = s.direct_scratch.data() +
+                    ((64 - reinterpret_cast<std::uintptr_t>(s.direct_scratch.data()) % 64) % 64);
+    for (std::size_t b = 0; b < n; b += block) {
+      const std::size_t m = std::min(block, n - b);
+      for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = in_of(r) + b * es;
+      if (stream) {  // reduce into private scratch (cached), stream it into every output
+        kernels::reduce_copy(scratch, out_of(s.me) + b * es, true, s.srcs.data(), s.p, m, t, op, s.p);
+        for (int r = next; r != s.me; r = (r + 1) % s.p) kernels::copy(out_of(r) + b * es, scratch, m * es, true);
+      } else {
+        kernels::reduce_copy(out_of(s.me) + b * es, out_of(next) + b * es, false, s.srcs.data(), s.p, m, t, op, s.p);
+        for (int r = (next + 1) % s.p; r != s.me; r = (r + 1) % s.p)
+          std::memcpy(out_of(r) + b * es, out_of(s.me) + b * es, m * es);
+      }
+    }
+  };
+  const bool claim = s.cfg.claim_blocks == 1 || (s.cfg.claim_blocks == -1 && s.oversubscribed);
+  if (claim && s.p > 2 && count * es >= s.cfg.claim_from_bytes) {
+    // Claimed blocks. The counter only grows: this call's claims start at `direct_base`, and
+    // every rank claims once past the end before it stops, so the next call starts p later.
+    // (No rank claims for the next call before every rank has arrived at it, i.e. finished this.)
+    // About four blocks per rank, 32-256 KiB each: enough for a busy CPU's ranks to take fewer.
+    const std::size_t unit_bytes = std::clamp<std::size_t>(count * es / (4 * static_cast<std::size_t>(s.p)),
+                                                           state::direct_block_bytes, state::direct_claim_bytes);
+    const std::size_t unit = std::max<std::size_t>(1, unit_bytes / es);
+    const std::uint64_t units = (count + unit - 1) / unit;
+    for (;;) {
+      const std::uint64_t u = s.hdr->direct_next.fetch_add(1, std::memory_order_relaxed) - s.direct_base;
+      if (u >= units) break;
+      s.claimed.fetch_add(1, std::memory_order_relaxed);
+      const std::size_t first = static_cast<std::size_t>(u) * unit;
+      reduce_range(first, std::min(unit, count - first));
+    }
+    s.direct_base += units + static_cast<std::uint64_t>(s.p);
   } else {
-    for (std::size_t b = 0; b < sn; b += block) {
-      const std::size_t n = std::min(block, sn - b);
-      for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = in_of(r) + b * es;
-      kernels::reduce_copy(out_of(s.me) + b * es, out_of(next) + b * es, stream, s.srcs.data(), s.p, n, t, op, s.p,
-                           stream);
-      for (int r = (next + 1) % s.p; r != s.me; r = (r + 1) % s.p)
-        std::memcpy(out_of(r) + b * es, out_of(s.me) + b * es, n * es);
-    }
+    const auto mine = s.slice(count, s.me);
+    reduce_range(mine.first, mine.second);
   }
   if (stream) kernels::stream_fence();
-  // Every output is complete, and no input is read again, once every rank is done.
+  // Every output is complete, and no input is read again, once every rank is done (each rank
+  // publishes done after its last block; every block was claimed before anyone stopped).
   s.finish_chunk(g);
   s.wait_done(k, g + 1, "direct reduce");
 }

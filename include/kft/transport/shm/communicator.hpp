@@ -148,6 +148,10 @@ class communicator : public typed_collectives<communicator> {
   /// `config::small_bytes` add nothing: the DDP reducer's buckets travel without a copy.
   std::uint64_t staged_bytes() const noexcept { return s_->staged.load(std::memory_order_relaxed); }
 
+  /// @brief Blocks this rank took from the shared counter in direct zero-copy allreduces that
+  /// claim blocks (`config::claim_blocks`); 0 where every call used fixed slices.
+  std::uint64_t claimed_blocks() const noexcept { return s_->claimed.load(std::memory_order_relaxed); }
+
   /// @brief What algo::automatic runs for this collective and message size; `zero_copy` says
   /// the input is a buffer from `allocate()` (no copy-in, which moves the crossovers).
   algo choose(collective c, std::size_t bytes, bool zero_copy = false) const { return s_->choose(c, bytes, zero_copy); }

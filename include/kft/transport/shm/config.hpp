@@ -55,6 +55,11 @@ struct config {
   /// Bind the progress thread (asynchronous calls) to this local rank's share of the CPUs
   /// (`async::placement`); the process groups set it from `KFT_PROGRESS_AFFINITY` (auto | none).
   bool bind_progress_thread = true;
+  /// The direct zero-copy allreduce (p > 2) from this size cuts the message into blocks that
+  /// whichever rank runs claims, instead of one fixed slice per rank, when `claim_blocks` says so:
+  /// -1 (default) when the node's ranks outnumber its online CPUs, 0 never, 1 always.
+  std::size_t claim_from_bytes = 16u << 20;
+  int claim_blocks = -1;
 };
 
 }  // namespace shm

@@ -21,7 +21,7 @@ namespace detail {
 inline constexpr std::uint64_t segment_magic = 0x316d68732d74666bULL;  // "kft-shm1"
 /// Bumped whenever the segment's layout or protocol changes: ranks of different kft builds
 /// sharing one node refuse each other by it (2: `rank_ctrl::done`).
-inline constexpr std::uint32_t layout_version = 2;
+inline constexpr std::uint32_t layout_version = 3;
 inline constexpr std::uint64_t no_offset = ~0ULL;
 
 /// What a rank is doing in one call; compared across ranks.
@@ -77,6 +77,9 @@ struct alignas(64) header {
   // `wake`; a rank that publishes progress bumps `wake` and wakes them when there are any.
   alignas(64) std::atomic<std::uint32_t> sleepers;
   std::atomic<std::uint32_t> wake;
+  // The direct zero-copy allreduce's block counter when ranks share CPUs: it only grows, and
+  // every rank knows where each call's claims start (shm/allreduce.hpp).
+  alignas(64) std::atomic<std::uint64_t> direct_next;
 };
 
 constexpr std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }

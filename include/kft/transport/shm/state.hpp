@@ -57,6 +57,10 @@ struct state {
   // The direct zero-copy allreduce's reduced block for p > 2 out of place, copied from here into
   // every output with streaming stores (private: nobody else reads it; sized once).
   static constexpr std::size_t direct_block_bytes = 32u << 10;
+  // With more ranks than CPUs the direct allreduce's blocks are claimed from a shared counter
+  // (header::direct_next), at most this many bytes at a time; this call's claims start at direct_base.
+  static constexpr std::size_t direct_claim_bytes = 256u << 10;
+  std::uint64_t direct_base = 0;
   std::vector<unsigned char> direct_scratch;
   std::vector<std::uint64_t> peer_off;  // allgather: each rank's zero-copy input offset
   bool oversubscribed = false;    // more local ranks than online CPUs
@@ -66,6 +70,7 @@ struct state {
   // Bytes an allreduce copied between the caller's buffers and staging memory (copy-in, and
   // copy-out of what was reduced aside): zero for buffers in the pool above small_bytes.
   std::atomic<std::uint64_t> staged{0};
+  std::atomic<std::uint64_t> claimed{0};  // blocks of direct allreduces this rank claimed
   kft::detail::failure_latch stop;  // the first failure; later calls are refused with it
   std::mutex alloc_mu;
 
