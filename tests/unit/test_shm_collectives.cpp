@@ -221,6 +221,13 @@ BOOST_AUTO_TEST_CASE(direct_allreduce_with_claimed_blocks) {
     }
     BOOST_TEST(all == want, p << " ranks claimed " << all << " blocks in all, not " << want);
   }
+  // A value that is none of -1, 0, 1 is refused when the communicator is made.
+  auto bad = small_config("claimbad");
+  bad.claim_blocks = 2;
+  BOOST_CHECK_EXCEPTION(shm::communicator(std::make_shared<kft::rendezvous::memory_store>(), 0, 1, bad),
+                        kft::usage_error, [](const kft::usage_error& e) {
+                          return std::string(e.what()).find("claim_blocks") != std::string::npos;
+                        });
 }
 
 BOOST_AUTO_TEST_CASE(mismatch_is_reported_on_both_sides) {

@@ -65,8 +65,7 @@ inline void allreduce_direct(state& s, const state::call& k, std::uint64_t in_of
       }
     }
   };
-  const bool claim = s.cfg.claim_blocks == 1 || (s.cfg.claim_blocks == -1 && s.oversubscribed);
-  if (claim && s.p > 2 && count * es >= s.cfg.claim_from_bytes) {
+  if (s.claims && s.p > 2 && count * es >= s.cfg.claim_from_bytes) {
     // Claimed blocks. The counter only grows: this call's claims start at `direct_base`, and
     // every rank claims once past the end before it stops, so the next call starts p later.
     // (No rank claims for the next call before every rank has arrived at it, i.e. finished this.)

@@ -21,7 +21,7 @@ namespace detail {
 inline constexpr std::uint64_t segment_magic = 0x316d68732d74666bULL;  // "kft-shm1"
 /// Bumped whenever the segment's layout or protocol changes: ranks of different kft builds
 /// sharing one node refuse each other by it (2: `rank_ctrl::done`).
-inline constexpr std::uint32_t layout_version = 3;
+inline constexpr std::uint32_t layout_version = 4;
 inline constexpr std::uint64_t no_offset = ~0ULL;
 
 /// What a rank is doing in one call; compared across ranks.
@@ -68,6 +68,8 @@ struct alignas(64) header {
   std::uint32_t nranks;
   std::uint32_t version;
   std::uint64_t small_bytes, staging_bytes, pool_bytes;
+  std::uint64_t claim_from_bytes;  // the direct allreduce's claimed blocks: from this size,
+  std::uint32_t claims;            // when 1 (every rank must agree: state.hpp)
   std::atomic<std::uint32_t> ready;
   std::atomic<std::uint32_t> abort_claim;  // taken by the first rank to abort
   std::atomic<std::uint32_t> aborted;      // published after the reason and rank are written

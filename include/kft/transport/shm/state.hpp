@@ -64,6 +64,7 @@ struct state {
   std::vector<unsigned char> direct_scratch;
   std::vector<std::uint64_t> peer_off;  // allgather: each rank's zero-copy input offset
   bool oversubscribed = false;    // more local ranks than online CPUs
+  bool claims = false;            // the direct allreduce claims blocks (config::claim_blocks, resolved)
   std::uint64_t seq = 0;    // calls made
   std::uint64_t chunk = 0;  // staging chunks used (alternating buffers)
   std::size_t pool_used = 0;
@@ -105,6 +106,11 @@ struct state {
     if (p > 2) direct_scratch.resize(direct_block_bytes + 64);
     peer_off.resize(static_cast<std::size_t>(p));
     oversubscribed = p > static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+    if (cfg.claim_blocks < -1 || cfg.claim_blocks > 1)
+      throw usage_error("shm config: claim_blocks must be -1 (when the ranks outnumber the CPUs), 0 (never) or 1 "
+                        "(always), not " + std::to_string(cfg.claim_blocks),
+                        site("shm init", 0));
+    claims = cfg.claim_blocks == 1 || (cfg.claim_blocks == -1 && oversubscribed);
 
     if (me == 0) {  // the segment is zero-filled; atomics at zero are valid
       hdr->nranks = static_cast<std::uint32_t>(p);
@@ -112,6 +118,8 @@ struct state {
       hdr->small_bytes = cfg.small_bytes;
       hdr->staging_bytes = cfg.staging_bytes;
       hdr->pool_bytes = cfg.pool_bytes;
+      hdr->claim_from_bytes = cfg.claim_from_bytes;
+      hdr->claims = claims ? 1u : 0u;
       hdr->abort_rank.store(-1);
       // The release store publishes every write above to a reader that acquires the magic.
       reinterpret_cast<std::atomic<std::uint64_t>*>(&hdr->magic)->store(detail::segment_magic, std::memory_order_release);
@@ -127,9 +135,11 @@ struct state {
                               "): every rank of a node must run the same kft",
                           site("shm init", 0));
       if (hdr->nranks != static_cast<std::uint32_t>(p) || hdr->small_bytes != cfg.small_bytes ||
-          hdr->staging_bytes != cfg.staging_bytes || hdr->pool_bytes != cfg.pool_bytes)
+          hdr->staging_bytes != cfg.staging_bytes || hdr->pool_bytes != cfg.pool_bytes ||
+          hdr->claim_from_bytes != cfg.claim_from_bytes || hdr->claims != (claims ? 1u : 0u))
         throw usage_error("local ranks disagree on the shm communicator's configuration (size " +
-                              std::to_string(hdr->nranks) + " vs " + std::to_string(p) + ", or buffer sizes)",
+                              std::to_string(hdr->nranks) + " vs " + std::to_string(p) +
+                              ", or buffer sizes, or claim_blocks / claim_from_bytes)",
                           site("shm init", 0));
     }
     // First touch of my own region from my own process (NUMA placement), then mark ready.
