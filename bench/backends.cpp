@@ -194,11 +194,12 @@ std::unique_ptr<backend> make_backend(const settings& s, const std::string& whic
                                        : std::chrono::milliseconds(0);
   if (which == "shm") {
     // The environment's KFT_SHM_* (and KFT_SHM_TUNING's file) apply, as in the process groups;
-    // --staging-bytes / --small-bytes win over them.
+    // --staging-bytes / --small-bytes / --copy-streaming-bytes win over them.
     kft::shm::config cfg = kft::group::shm_config(kft::environment::process());
     cfg.name = "bench";
     if (s.staging_bytes) cfg.staging_bytes = s.staging_bytes;
     if (s.small_bytes) cfg.small_bytes = s.small_bytes;
+    if (s.copy_streaming_bytes >= 0) cfg.copy_streaming_bytes = static_cast<std::size_t>(s.copy_streaming_bytes);
     if (timeout.count() > 0) cfg.timeout = timeout;
     if (s.zero_copy) cfg.pool_bytes = 2 * ((buffer + 4095) / 4096 * 4096) + 4096;
     return std::make_unique<shm_backend>(std::make_unique<kft::shm::communicator>(std::move(store), rank, nranks, cfg));

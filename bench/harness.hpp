@@ -172,6 +172,9 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   app.add_option("-i,--stepbytes", i, "step between sizes when -f is 1")->capture_default_str();
   app.add_option("-f,--stepfactor", f, "multiply the size by this between rows")->capture_default_str();
   app.add_option("-n,--iters", a.iters, "timed calls per size")->capture_default_str();
+  app.add_option("--min-time", a.min_time,
+                 "time at least this many seconds of calls per size (n warm calls estimate the count; 0: exactly -n)")
+      ->capture_default_str();
   app.add_option("-w,--warmup_iters", a.warmup, "untimed calls per size before timing")->capture_default_str();
   app.add_option("-c,--check", a.check, "check passes per size before timing (0: no check, #wrong is N/A)")
       ->capture_default_str();
@@ -190,6 +193,9 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   app.add_flag("--algos", a.algos,
                "also time every forced algorithm (out-of-place) right after each row: a same-run comparison table");
   app.add_flag("--zero-copy", a.zero_copy, "buffers from comm.allocate_bytes (inside the shared segment)");
+  app.add_flag("--memcpy-beside", a.memcpy_beside,
+               "after each size, memcpy the same bytes between this rank's same buffers on min(ranks, CPUs) "
+               "ranks at once, at least 10 ms (the others sleep): JSON memcpy_beside, the slowest copier's GB/s");
   app.add_option("--json", a.json_path, "write rows (nccl-tests -J layout plus peers and kft's algorithm) to FILE");
   app.add_flag("--peers,!--no-peers", a.peers,
                "also measure memcpy, MPI_Allreduce (default, tuned malloc) and Gloo (allreduce_perf only; float sum)");
@@ -209,6 +215,9 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   app.add_option("--device", a.device, "nccl: CUDA device of this rank (default: local rank modulo the devices)");
   app.add_option("--staging-bytes", a.staging_bytes, "kft config::staging_bytes (0: kft's default)");
   app.add_option("--small-bytes", a.small_bytes, "kft config::small_bytes (0: kft's default)");
+  app.add_option("--copy-streaming-bytes", a.copy_streaming_bytes,
+                 "kft config::copy_streaming_bytes (-1: kft's default or KFT_SHM_COPY_STREAMING_BYTES)")
+      ->check(CLI::Range(-1LL, std::numeric_limits<long long>::max()));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
@@ -241,6 +250,7 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   if (a.step_factor > 1 && a.min_bytes == 0) return bad("-b must be > 0 when -f is > 1");
   if (a.min_bytes > a.max_bytes) return bad("-b is larger than -e");
   if (a.iters < 1) return bad("-n must be >= 1");
+  if (!(a.min_time >= 0 && a.min_time <= 60)) return bad("--min-time must be between 0 and 60 seconds");
   if (a.warmup < 0 || a.check < 0) return bad("-w and -c must be >= 0");
   if (a.average < 0 || a.average > 3) return bad("-a must be 0, 1, 2 or 3");
   if (nthreads != 1 || ngpus != 1 || agg != 1) return bad("-t, -g and -m must be 1: kft runs one rank per process");
@@ -622,6 +632,63 @@ class bench {
     return {combine(sec), max_all(flt)};
   }
 
+  // How many timed calls make --min-time: -n warm calls estimate one call (the slowest rank's
+  // estimate, so every rank makes the same number of calls), then at least min_time worth
+  // (at most 1e7). Ten calls of a microsecond would time the clock and the barrier's skew.
+  template <class F>
+  int iterations_for(F&& call) const {
+    if (a_.min_time <= 0) return a_.iters;
+    ctl_.barrier();
+    const auto t0 = clk::now();
+    for (int i = 0; i < a_.iters; ++i) call();
+    be_.flush();
+    const double per = max_all(seconds_since(t0) / a_.iters);
+    if (per <= 0 || per * a_.iters >= a_.min_time) return a_.iters;
+    return static_cast<int>(std::min(1e7, a_.min_time / per + 1));
+  }
+
+  // --memcpy-beside: memcpy of `bytes` between this rank's send and receive buffers (the
+  // collective's own memory: the pool's with --zero-copy) on the first min(ranks, online CPUs)
+  // ranks at once, at least -n copies and 10 ms (within --peer-budget); returns the slowest
+  // copier's GB/s, on every rank. It runs right after the size's collective calls, so a
+  // memory-traffic bound computed from it sees the same phase of a shared machine as the calls.
+  // Ranks beyond the CPUs sleep through the copies: polling in a barrier would take CPU time
+  // from the copiers, and an allreduce's ranks beyond the CPUs share them too.
+  double memcpy_beside(std::size_t bytes) const {
+    const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+    const int copiers = cpus > 0 && cpus < n_ ? static_cast<int>(cpus) : n_;
+    double one = 0;
+    if (me_ == 0) {
+      std::memcpy(recv_, send_, bytes);
+      const auto t0 = clk::now();
+      std::memcpy(recv_, send_, bytes);
+      asm volatile("" ::"r"(recv_) : "memory");
+      one = std::max(seconds_since(t0), 1e-9);
+    }
+    ctl_.bcast(&one, sizeof one, 0);  // rank 0's estimate decides the count for every rank
+    int n = std::max(a_.iters, static_cast<int>(std::min(1e7, 0.01 / one) + 1));
+    if (one * n > a_.peer_budget) n = std::max(1, static_cast<int>(a_.peer_budget / one));
+    if (me_ < copiers) std::memcpy(recv_, send_, bytes);
+    ctl_.barrier();
+    double took = 0;
+    if (me_ >= copiers) {
+      const double nap = 1.5 * one * n + 0.005;
+      timespec ts{static_cast<time_t>(nap), static_cast<long>((nap - static_cast<double>(static_cast<time_t>(nap))) * 1e9)};
+      while (::nanosleep(&ts, &ts) != 0) {
+      }
+    } else {
+      const auto t0 = clk::now();
+      for (int i = 0; i < n; ++i) {
+        std::memcpy(recv_, send_, bytes);
+        asm volatile("" ::"r"(recv_) : "memory");  // keep every copy
+      }
+      took = seconds_since(t0);
+    }
+    const double slowest = max_all(took);
+    ctl_.barrier();
+    return slowest > 0 ? static_cast<double>(bytes) * n / slowest / 1e9 : 0;
+  }
+
   // Every call timed; a call's time is the slowest rank's.
   template <class F>
   iter_stats time_each(int warmup, int iters, F&& call) const {
@@ -770,6 +837,7 @@ void bench<C>::run_rows(kft::dtype t, kft::op_kind op, int root) {
     json row = {{"size", sh.size()}, {"count", sh.count}, {"type", type_name}, {"redop", op_name},
                 {"root", root_str(root_col)}};
     double oop_us = 0, oop_busbw = 0;
+    int iterations = 0;  // the most timed calls of the two halves (--min-time may add calls)
     for (int half = 0; half < 2; ++half) {
       const bool in_place = half == 1;
       std::int64_t wrong = 0, changed = 0;
@@ -784,9 +852,12 @@ void bench<C>::run_rows(kft::dtype t, kft::op_kind op, int root) {
       if (in_place) std::tie(in, out) = in_place_buffers(sh, es);
       auto call = [&] { collective(in, out, sh.count, t, op, root); };
       ctl_.barrier();
-      const timing tm = time_calls(a_.warmup, a_.iters, call);
+      for (int w = 0; w < a_.warmup; ++w) call();
+      const int n = iterations_for(call);
+      const timing tm = time_calls(0, n, call);
+      iterations = std::max(iterations, n);
       std::optional<iter_stats> st;
-      if (a_.p50) st = time_each(0, a_.iters, call);
+      if (a_.p50) st = time_each(0, n, call);
       worst_minflt_ = std::max(worst_minflt_, tm.minflt);
       const double algbw = tm.sec > 0 ? static_cast<double>(sh.alg_bytes) / 1e9 / tm.sec : 0;
       const double busbw = algbw * C::bus_factor(n_);
@@ -827,7 +898,9 @@ void bench<C>::run_rows(kft::dtype t, kft::op_kind op, int root) {
       row["out_of_place_forced"] = std::move(forced);
       algo_rows_.push_back(ar);
     }
-    row["actual_iterations"] = a_.iters;
+    if (a_.memcpy_beside && sh.send_bytes > 0 && sh.send_bytes == sh.recv_bytes)
+      row["memcpy_beside"] = memcpy_beside(sh.send_bytes);
+    row["actual_iterations"] = iterations;
     row["algorithm"] = std::string(kft::name(chosen));
     row["algorithm_requested"] = std::string(kft::name(a_.algorithm));
     row["zero_copy"] = a_.zero_copy;
@@ -860,10 +933,11 @@ void bench<C>::print_header() {
   const char* avg_names[] = {"rank 0's", "the ranks' mean", "the fastest rank's", "the slowest rank's"};
   if (shm_cfg_) {
     const char* tuning = std::getenv("KFT_SHM_TUNING");
-    std::printf("# kft: %d ranks, algo %s, zero-copy %s, staging %zu B, one-shot slot %zu B, time = %s average call (-a %d)\n"
+    std::printf("# kft: %d ranks, algo %s, zero-copy %s, staging %zu B, one-shot slot %zu B, copy path streamed from %zu B, "
+                "time = %s average call (-a %d)\n"
                 "# kft: crossovers: %s%s\n",
                 n_, std::string(kft::name(a_.algorithm)).c_str(), a_.zero_copy ? "on" : "off", shm_cfg_->staging_bytes,
-                shm_cfg_->small_bytes, avg_names[a_.average], a_.average,
+                shm_cfg_->small_bytes, shm_cfg_->copy_streaming_bytes, avg_names[a_.average], a_.average,
                 tuning && *tuning ? "KFT_SHM_TUNING=" : "kft's defaults (include/kft/transport/shm/tuning.hpp)",
                 tuning && *tuning ? tuning : "");
   }
@@ -1194,6 +1268,8 @@ void bench<C>::write_json() {
   if (shm_cfg_) {
     config["kft"]["staging_bytes"] = shm_cfg_->staging_bytes;
     config["kft"]["small_bytes"] = shm_cfg_->small_bytes;
+    config["kft"]["streaming_bytes"] = shm_cfg_->streaming_bytes;
+    config["kft"]["copy_streaming_bytes"] = shm_cfg_->copy_streaming_bytes;
     config["kft"]["pool_bytes"] = shm_cfg_->pool_bytes;
   }
   if (a_.step_factor > 1) config["step_factor"] = a_.step_factor;

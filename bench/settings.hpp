@@ -20,9 +20,12 @@ struct settings {
   std::vector<kft::op_kind> ops{kft::op_kind::sum};
   kft::algo algorithm = kft::algo::automatic;
   bool zero_copy = false, peers = true, gloo = true, latency = false, p50 = false, algos = false;
+  bool memcpy_beside = false;  // --memcpy-beside: memcpy timed right after each size's calls
   double peer_budget = 2.0;
+  double min_time = 0;  // --min-time: seconds of timed calls per size at least (0: exactly -n calls)
   int timeout_s = 0, latency_iters = 10000;
   std::size_t staging_bytes = 0, small_bytes = 0, latency_max = 64u << 10;
+  long long copy_streaming_bytes = -1;  // --copy-streaming-bytes (-1: kft's default or the environment's)
   std::string json_path;
   std::string backend = "auto";  // shm, mpi, group, nccl; auto = shm on one node, the multinode table across
   int device = -1;               // nccl: the CUDA device (default: local rank modulo the devices)

@@ -7,13 +7,17 @@
 What it measures (medians over --rounds runs, alternated so a slow phase hits every candidate):
   - the chunk size (staging_bytes): allreduce_perf over --staging-sizes at 16-256 MiB, 2 ranks,
     the user's own buffers; the candidate with the best geometric mean busbw wins;
+  - where the copy path starts writing with streaming stores (copy_streaming_bytes): allreduce_perf
+    over --copy-stream-range, 2 ranks, the user's own buffers, with --copy-streaming-bytes 0 (every
+    size streamed) and off, alternated; the threshold kept loses least against the faster of the
+    two summed over sizes (off above every size: 1024G);
   - the one-shot/two-shot crossover of every collective at every rank count in --ranks (rank
     counts above the CPU count are measured oversubscribed, as they run), and of the zero-copy
     allreduce: each *_perf --algos times both algorithms right after each other;
     the crossover kept is the one that loses least against the best algorithm summed over sizes
     (sizes up to the one-shot slot, 32 KiB by default: above it kft runs two-shot anyway).
 
-The file holds `staging_bytes` and one `crossover` row per measured (collective, rank count);
+The file holds `staging_bytes`, `copy_streaming_bytes` and one `crossover` row per measured (collective, rank count);
 kft puts its rows before its default table (include/kft/transport/shm/tuning.hpp), so rank counts
 not measured keep the defaults. It is written whole or not at all (a temporary file renamed).
 A machine with more cores than ranks measured: pass the rank counts you run, e.g. --ranks 2 4 8.
@@ -69,6 +73,26 @@ def best_crossover(table):
     return best, best_loss / len(sizes)
 
 
+COPY_STREAM_OFF = 1 << 40  # the largest value a tuning file takes (1024G): never streamed
+
+
+def best_threshold(table):
+    """The size from which the streamed variant runs, losing least against the faster of the two,
+    summed over sizes. table: bytes -> {'on': busbw, 'off': busbw}. Ties go to the larger threshold
+    (the cached stores, kft's behaviour before the setting)."""
+    sizes = sorted(table)
+    best, best_loss = COPY_STREAM_OFF, None
+    for limit in [COPY_STREAM_OFF] + sorted(sizes, reverse=True):
+        loss = 0.0
+        for s in sizes:
+            on, off = table[s]["on"], table[s]["off"]
+            top = max(on, off)
+            loss += 1 - (on if s >= limit else off) / top if top > 0 else 0
+        if best_loss is None or loss < best_loss - 1e-9:
+            best, best_loss = limit, loss
+    return best, (best_loss or 0.0) / max(1, len(sizes))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build", help="build tree holding bench/*_perf (default: build)")
@@ -84,6 +108,8 @@ def main():
                          "kft runs two-shot whatever a row says)")
     ap.add_argument("--large-range", nargs=2, type=parse_size, default=[16 << 20, 256 << 20], metavar=("MIN", "MAX"),
                     help="sizes the chunk size is judged on (default: 16M 256M)")
+    ap.add_argument("--copy-stream-range", nargs=2, type=parse_size, default=[8 << 10, 32 << 20], metavar=("MIN", "MAX"),
+                    help="sizes (x4 steps) the copy path's streaming threshold is judged on (default: 8K 32M)")
     ap.add_argument("-n", "--iters", type=int, default=20, help="timed calls per size (default: 20)")
     ap.add_argument("-w", "--warmup", type=int, default=5, help="warm-up calls per size (default: 5)")
     ap.add_argument("--crossover-iters", type=int, default=500,
@@ -128,6 +154,25 @@ def main():
             staging_note = ", ".join(f"{human(s)} {v:.2f}" for s, v in score.items()) + \
                 f" GB/s (geometric mean busbw, 2 ranks, {human(big_lo)}-{human(big_hi)})"
 
+        # 1b. Where the copy path streams (with the chosen chunk). Small sizes take microseconds:
+        # --min-time gives each size at least 20 ms of calls.
+        cs_lo, cs_hi = args.copy_stream_range
+        stream_runs = {"on": [], "off": []}
+        for i in range(args.rounds):
+            for mode, value in (("on", 0), ("off", COPY_STREAM_OFF)):
+                print(f"# copy path streaming {mode}, round {i + 1}/{args.rounds}", file=sys.stderr, flush=True)
+                doc = run_bench(args, "allreduce_perf", 2, ["-b", str(cs_lo), "-e", str(cs_hi), "-f", "4",
+                                                             "--staging-bytes", str(staging), "--min-time", "0.02",
+                                                             "--copy-streaming-bytes", str(value)],
+                                os.path.join(tmp, "cs.json"))
+                stream_runs[mode].append({r["size"]: r["out_of_place"]["bus_bw"] for r in doc["results"]})
+        stream_table = {z: {m: statistics.median(r[z] for r in stream_runs[m]) for m in stream_runs}
+                        for z in sorted(stream_runs["on"][0])}
+        copy_streaming, stream_loss = best_threshold(stream_table)
+        stream_note = ", ".join(f"{human(z)} {v['on']:.2f}/{v['off']:.2f}" for z, v in stream_table.items()) + \
+            f" GB/s streamed/cached (2 ranks); from {human(copy_streaming) if copy_streaming < COPY_STREAM_OFF else 'never'}" + \
+            f" (mean loss {stream_loss * 100:.1f}%)"
+
         # 2. Crossovers, measured with the chosen chunk.
         rows, notes = [], []
         cases = [(c, p, None) for c in args.collectives for p in args.ranks]
@@ -160,9 +205,11 @@ def main():
         f"#   python3 bench/tune_shm.py --ranks {' '.join(map(str, args.ranks))} --rounds {args.rounds}",
         "# Use: KFT_SHM_TUNING=<this file> (every rank of a node must see the same file).",
         f"# chunk: {staging_note}",
+        f"# copy path streaming: {stream_note}",
         "# crossovers:",
         *notes,
         f"staging_bytes {staging}",
+        f"copy_streaming_bytes {copy_streaming if copy_streaming < COPY_STREAM_OFF else '1024G'}",
         *rows,
     ]) + "\n"
     tmp_out = args.out + ".tmp"

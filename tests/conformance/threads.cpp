@@ -31,6 +31,7 @@ kft::shm::config small_config(const std::string& name) {
   kft::shm::config c;
   c.staging_bytes = 16u << 10;
   c.small_bytes = 4u << 10;
+  c.copy_streaming_bytes = 8u << 10;  // sizes on both sides of the streamed staging (n4099 floats: streamed)
   c.timeout = 60s;
   c.name = name;
   return c;

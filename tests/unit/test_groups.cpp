@@ -134,6 +134,7 @@ BOOST_AUTO_TEST_CASE(a_tuning_file_sets_sizes_and_crossovers_before_the_defaults
       "# measured on a test machine\n"
       "staging_bytes 1M\n"
       "small_bytes 64K   # the one-shot slot\n"
+      "copy_streaming_bytes 2M\n"
       "\n"
       "crossover allreduce ranks=2-4 oversubscribed=0 zero_copy=any one_shot_max=32K\n"
       "crossover broadcast ranks=5-* one_shot_max=4096\n");
@@ -141,6 +142,7 @@ BOOST_AUTO_TEST_CASE(a_tuning_file_sets_sizes_and_crossovers_before_the_defaults
   BOOST_TEST(cfg.staging_bytes == 1u << 20);
   BOOST_TEST(cfg.small_bytes == 64u << 10);
   BOOST_TEST(cfg.streaming_bytes == kft::shm::config{}.streaming_bytes);
+  BOOST_TEST(cfg.copy_streaming_bytes == 2u << 20);
   BOOST_TEST(cfg.crossovers.size() == std::size(kft::shm::default_crossovers) + 2);
   BOOST_TEST(cfg.crossovers[1].min_ranks == 5);
   BOOST_TEST(cfg.crossovers[1].max_ranks == 1 << 20);
@@ -177,6 +179,9 @@ BOOST_AUTO_TEST_CASE(a_tuning_file_sets_sizes_and_crossovers_before_the_defaults
   const auto both = kft::group::shm_config(kft::environment(
       kft::environment::map_type{{"KFT_SHM_TUNING", path}, {"KFT_SHM_STAGING_BYTES", "65536"}}));
   BOOST_TEST(both.staging_bytes == 65536u);
+  const auto copy_env = kft::group::shm_config(kft::environment(
+      kft::environment::map_type{{"KFT_SHM_TUNING", path}, {"KFT_SHM_COPY_STREAMING_BYTES", "0"}}));
+  BOOST_TEST(copy_env.copy_streaming_bytes == 0u);
   ::unlink(path.c_str());
 }
 

@@ -30,6 +30,7 @@ shm::config small_config(const std::string& name) {
   c.staging_bytes = 16u << 10;
   c.small_bytes = 4u << 10;
   c.streaming_bytes = 64u << 10;  // the streaming-store paths too (copy path, direct zero-copy out of place)
+  c.copy_streaming_bytes = 8u << 10;  // the copy path's streamed staging from 8 KiB, plain below
   c.pool_bytes = 16u << 20;
   c.timeout = 60s;
   c.name = name;

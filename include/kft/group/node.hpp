@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -52,6 +53,7 @@ inline shm::config shm_config(const environment& env, shm::config base = {}) {
     if (t.staging_bytes) base.staging_bytes = *t.staging_bytes;
     if (t.small_bytes) base.small_bytes = *t.small_bytes;
     if (t.streaming_bytes) base.streaming_bytes = *t.streaming_bytes;
+    if (t.copy_streaming_bytes) base.copy_streaming_bytes = *t.copy_streaming_bytes;
     std::vector<shm::crossover> rows = t.crossovers;
     rows.insert(rows.end(), base.crossovers.begin(), base.crossovers.end());
     base.crossovers = shm::keep_table(std::move(rows));
@@ -59,6 +61,8 @@ inline shm::config shm_config(const environment& env, shm::config base = {}) {
   if (auto v = env_int(env, "KFT_SHM_STAGING_BYTES", 4096, 1 << 30, ctx)) base.staging_bytes = static_cast<std::size_t>(*v);
   if (auto v = env_int(env, "KFT_SHM_SMALL_BYTES", 64, 1 << 26, ctx)) base.small_bytes = static_cast<std::size_t>(*v);
   if (auto v = env_int(env, "KFT_SHM_STREAMING_BYTES", 0, 1 << 30, ctx)) base.streaming_bytes = static_cast<std::size_t>(*v);
+  if (auto v = env_int(env, "KFT_SHM_COPY_STREAMING_BYTES", 0, std::numeric_limits<int>::max(), ctx))
+    base.copy_streaming_bytes = static_cast<std::size_t>(*v);
   if (auto v = env.get("KFT_PROGRESS_AFFINITY"); v && !v->empty()) {
     if (*v != "auto" && *v != "none")
       throw config_error("KFT_PROGRESS_AFFINITY", *v,

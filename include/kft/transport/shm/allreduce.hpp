@@ -119,8 +119,12 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
   if (count == 0) return;
   const bool zc_in = in_off != detail::no_offset, zc_out = out_off != detail::no_offset;
   if (a == algo::two_shot && zc_in && zc_out) return allreduce_direct(s, k, in_off, out_off, count, t, op);
-  // Outputs bigger than the caches are written with streaming stores (no read-for-ownership).
-  const bool stream = !zc_out && bytes >= s.cfg.streaming_bytes;
+  // Outputs bigger than the caches are written with streaming stores (no read-for-ownership);
+  // from copy_streaming_bytes on, so is the staging the peers read (it reaches them through
+  // memory rather than from this core's cache; config.hpp), and the output with it (measured:
+  // streaming the staging alone gained nothing below streaming_bytes).
+  const bool stream_staging = bytes >= s.cfg.copy_streaming_bytes;
+  const bool stream = !zc_out && (bytes >= s.cfg.streaming_bytes || stream_staging);
   // Chunk: a multiple of p elements that fits the staging buffer.
   std::size_t chunk_elems = s.cfg.staging_bytes / es;
   if (chunk_elems >= static_cast<std::size_t>(s.p)) chunk_elems -= chunk_elems % static_cast<std::size_t>(s.p);
@@ -142,9 +146,11 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
         s.staged.fetch_add(n * es, std::memory_order_relaxed);
       } else {
         const auto [sb, sn] = s.slice(n, s.me);
-        std::memcpy(s.staging(s.me, g), src_user + off * es, sb * es);
-        std::memcpy(s.staging(s.me, g) + (sb + sn) * es, src_user + (off + sb + sn) * es, (n - sb - sn) * es);
+        kernels::copy(s.staging(s.me, g), src_user + off * es, sb * es, stream_staging);
+        kernels::copy(s.staging(s.me, g) + (sb + sn) * es, src_user + (off + sb + sn) * es, (n - sb - sn) * es,
+                      stream_staging);
         s.staged.fetch_add((n - sn) * es, std::memory_order_relaxed);
+        if (stream_staging) kernels::stream_fence();  // streaming stores before the flag that publishes them
       }
     }
     s.set_stage(3 * g + 1);
@@ -190,8 +196,10 @@ inline void allreduce(state& s, const void* in, void* out, std::size_t count, dt
     if (zc_out) {
       kernels::reduce(shared_slice, s.srcs.data(), s.p, sn, t, op, s.p);
     } else {  // one pass writes both: no read-back of the slice for the output
-      kernels::reduce_copy(shared_slice, dst_user + (off + sb) * es, stream, s.srcs.data(), s.p, sn, t, op, s.p);
+      kernels::reduce_copy(shared_slice, dst_user + (off + sb) * es, stream, s.srcs.data(), s.p, sn, t, op, s.p,
+                           stream_staging);
       s.staged.fetch_add(sn * es, std::memory_order_relaxed);
+      if (stream_staging) kernels::stream_fence();
     }
     s.set_stage(3 * g + 2);
     // The next chunk's copy-in (its staging buffer is free once every rank finished chunk g-1).

@@ -46,6 +46,13 @@ struct config {
   std::size_t small_bytes = 32u << 10;     ///< per rank, per parity: the one-shot slot
   std::size_t pool_bytes = 0;              ///< room for symmetric zero-copy buffers (`allocate`)
   std::size_t streaming_bytes = 16u << 20;  ///< outputs from this size on bypass the caches
+  /// The copy path (a private input or output) from this size on writes with streaming stores
+  /// everything it writes: the staging its peers read and its output. A peer then reads the
+  /// staging from memory instead of from the writer's cache, which on the machine measured
+  /// moved the handoff faster (2 ranks on an AMD EPYC Zen 5 VM: 8.4 -> 16 GB/s at 1-16 MiB,
+  /// 16-32 KiB +18-33%, not at 8 KiB; docs/algorithms.md). Tuning file / `KFT_SHM_COPY_STREAMING_BYTES`; a size above
+  /// every message turns it off.
+  std::size_t copy_streaming_bytes = 16u << 10;
   std::chrono::milliseconds timeout = job_timeout();  ///< default deadline of every wait (KFT_TIMEOUT)
   std::string name = "kft";                  ///< goes into the segment's name (e.g. the run id)
   group_identity identity{};                 ///< where this node's group sits in the job (messages)

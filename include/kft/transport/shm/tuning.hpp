@@ -77,7 +77,7 @@ constexpr algo choose_algorithm(std::span<const crossover> table, collective c, 
 /// @brief What a tuning file sets: buffer sizes (unset: keep the configuration's) and crossover
 /// rows, which go before the defaults (a call no row of the file matches falls back to them).
 struct tuning {
-  std::optional<std::size_t> staging_bytes, small_bytes, streaming_bytes;
+  std::optional<std::size_t> staging_bytes, small_bytes, streaming_bytes, copy_streaming_bytes;
   std::vector<crossover> crossovers;
 };
 
@@ -145,7 +145,7 @@ inline tuning parse_tuning(std::string_view text, const std::string& source) {
     }
     if (words.empty()) continue;
     const std::string_view key = words[0];
-    if (key == "staging_bytes" || key == "small_bytes" || key == "streaming_bytes") {
+    if (key == "staging_bytes" || key == "small_bytes" || key == "streaming_bytes" || key == "copy_streaming_bytes") {
       if (words.size() != 2) fail(std::string(key) + " takes one value");
       const std::size_t v = number(words[1], key);
       if (key == "staging_bytes") {
@@ -154,13 +154,16 @@ inline tuning parse_tuning(std::string_view text, const std::string& source) {
       } else if (key == "small_bytes") {
         if (v < 64) fail("small_bytes must be at least 64");
         out.small_bytes = v;
-      } else {
+      } else if (key == "streaming_bytes") {
         out.streaming_bytes = v;
+      } else {
+        out.copy_streaming_bytes = v;
       }
       continue;
     }
     if (key != "crossover")
-      fail("unknown setting \"" + std::string(key) + "\" (staging_bytes, small_bytes, streaming_bytes, crossover)");
+      fail("unknown setting \"" + std::string(key) +
+           "\" (staging_bytes, small_bytes, streaming_bytes, copy_streaming_bytes, crossover)");
     if (words.size() < 3) fail("crossover takes a collective and one_shot_max=BYTES");
     const auto c = collective_named(words[1]);
     if (!c || *c == collective::barrier || *c == collective::none)
