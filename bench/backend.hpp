@@ -45,6 +45,8 @@ class backend {
   virtual void release(void* p) = 0;
   /// Device buffers: the harness fills and checks host copies and moves them.
   virtual bool device() const { return false; }
+  /// The CUDA device the buffers live on (-1: host memory), for the header's device column.
+  virtual int device_index() const { return -1; }
   virtual void to_device(void*, const void*, std::size_t) {}
   virtual void to_host(void*, const void*, std::size_t) {}
 };

@@ -147,6 +147,7 @@ class nccl_backend final : public backend {
   }
   void release(void* p) override { cudaFree(p); }
   bool device() const override { return true; }
+  int device_index() const override { return c_->device(); }
   void to_device(void* dst, const void* src, std::size_t bytes) override {
     kft::detail::cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy", kft::error_site::of("bench"));
   }

@@ -919,7 +919,7 @@ void bench<C>::print_header() {
   ::gethostname(host, sizeof host - 1);
   char line[512];
   std::snprintf(line, sizeof line, "#  Rank %2d Group %2d Pid %6d on %10s device %2d [cpu %d] kft %s\n", me_, 0,
-                static_cast<int>(::getpid()), host, -1, ::sched_getcpu(), be_.name().c_str());
+                static_cast<int>(::getpid()), host, be_.device_index(), ::sched_getcpu(), be_.name().c_str());
   std::vector<char> lines(sizeof line * static_cast<std::size_t>(n_));
   ctl_.gather(line, sizeof line, lines.data());
   if (me_ != 0) return;
@@ -1136,7 +1136,12 @@ template <class C>
 void bench<C>::print_peers() {
   if (me_ != 0 || !a_.peers) return;
   if (!peers_on_) {
-    std::printf("#\n# peers: measured for float sum only; this run has no float sum rows (-d float -o sum)\n");
+    if (be_.device())
+      std::printf("#\n# peers: not measured for device buffers (the MPI, Gloo and memcpy peers time host memory)\n");
+    else if (C::kind != coll::allreduce)
+      std::printf("#\n# peers: measured for allreduce only\n");
+    else
+      std::printf("#\n# peers: measured for float sum only; this run has no float sum rows (-d float -o sum)\n");
     return;
   }
   const std::size_t k = float_sum_rows_.size();

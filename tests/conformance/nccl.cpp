@@ -37,6 +37,10 @@ struct device_memory {
   }
   void upload(void* dst, const void* src, std::size_t bytes) {
     if (bytes && cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) throw std::runtime_error("cudaMemcpy H2D");
+    // A pageable upload may still be in flight when cudaMemcpy returns, and the communicator's
+    // stream (non-blocking) does not wait for the legacy stream: on an H200 a canary upload
+    // landed over an out-of-place result without this.
+    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("cudaDeviceSynchronize after H2D");
   }
   void download(void* dst, const void* src, std::size_t bytes) {
     if (bytes && cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) throw std::runtime_error("cudaMemcpy D2H");

@@ -9,7 +9,11 @@
 #  - allreduce bandwidth, 1 MiB .. 256 MiB, against cudaMemcpy device-to-device;
 #  - the conformance suite (tests/conformance/) on NCCL: one rank per GPU;
 #  - the DDP reducer over NCCL (device buckets, event-ordered side stream), with step times;
-#  - all_reduce_perf on NCCL (bench/, --backend nccl) in nccl-tests' columns.
+#  - all_reduce_perf on NCCL (bench/, --backend nccl) in nccl-tests' columns;
+#  - kft's CUDA reduction kernels: every dtype x op x inputs against a host reference
+#    (test_cuda_reduce), then their bandwidth beside cudaMemcpy D2D (bench/cuda_reduce_perf);
+#  - the CUDA IPC communicator between 2, 3 and 4 processes (test_cuda_ipc starts them; they
+#    share GPU 0 when there is one GPU).
 #
 #   tests/gpu/run-gpu-checks.sh [BUILD_DIR]      (default: $KFT_BUILD_DIR, else build-gpu)
 #
@@ -21,6 +25,8 @@ build=${1:-${KFT_BUILD_DIR:-$src/build-gpu}}
 exe=$build/tests/test_nccl
 conformance=$build/tests/test_conformance_nccl
 ddp=$build/tests/test_ddp_nccl
+kernels=$build/tests/test_cuda_reduce
+ipc=$build/tests/test_cuda_ipc
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 echo "== GPUs"
@@ -32,9 +38,10 @@ if [[ ! -x $exe ]]; then
   if [[ ! -f $build/CMakeCache.txt ]]; then
     bash "$src/tools/configure.sh" "$build" -DKFT_WITH_MPI=AUTO -DKFT_WITH_HWLOC=AUTO || exit 1
   fi
-  cmake --build "$build" --target test_nccl test_conformance_nccl test_ddp_nccl -j "$(nproc)" || exit 1
+  cmake --build "$build" --target test_nccl test_conformance_nccl test_ddp_nccl test_cuda_reduce test_cuda_ipc -j "$(nproc)" || exit 1
 fi
 [[ -x $build/bench/allreduce_perf ]] || cmake --build "$build" --target allreduce_perf -j "$(nproc)" || true
+[[ -x $build/bench/cuda_reduce_perf ]] || cmake --build "$build" --target cuda_reduce_perf -j "$(nproc)" || true
 
 start=$SECONDS
 echo "== test_nccl: ranks as threads"
@@ -82,5 +89,28 @@ if [[ -x $build/bench/allreduce_perf ]]; then
   brc=$?
 fi
 
-echo "run-gpu-checks: threads exit $rc, processes exit $prc, conformance exit $crc, ddp exit $drc, bench exit $brc, $((SECONDS - start)) s"
-[[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $drc -eq 0 && $brc -eq 0 ]]
+krc=0
+if [[ -x $kernels ]]; then
+  echo "== kft's CUDA reduction kernels against a host reference"
+  timeout 300 "$kernels" --log_level=test_suite --report_level=short --color_output=false
+  krc=$?
+fi
+
+kbrc=0
+if [[ -x $build/bench/cuda_reduce_perf ]]; then
+  echo "== kft's CUDA reduction kernels beside cudaMemcpy device to device"
+  timeout 300 "$build/bench/cuda_reduce_perf" -b 1M -e 1G -f 4 -k 2,4 -d float,half,bfloat16 -o sum,avg,min,max \
+    ${KFT_GPU_CHECKS_JSON:+--json "$KFT_GPU_CHECKS_JSON"}
+  kbrc=$?
+fi
+
+irc=0
+if [[ -x $ipc ]]; then
+  echo "== the CUDA IPC communicator between processes"
+  timeout 900 "$ipc"
+  irc=$?
+fi
+
+echo "run-gpu-checks: threads exit $rc, processes exit $prc, conformance exit $crc, ddp exit $drc, bench exit $brc," \
+  "kernels exit $krc, kernel bench exit $kbrc, cuda ipc exit $irc, $((SECONDS - start)) s"
+[[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $drc -eq 0 && $brc -eq 0 && $krc -eq 0 && $kbrc -eq 0 && $irc -eq 0 ]]

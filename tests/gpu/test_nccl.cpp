@@ -261,6 +261,21 @@ BOOST_AUTO_TEST_CASE(collectives_one_rank) {
   }
   BOOST_CHECK_THROW(comm.allreduce(a.p, b.p, n, kft::dtype::i32, kft::op_kind::sum, nccl::options{.prescale = 0.5}),
                     kft::usage_error);
+  // Prescale in place, on counts where NCCL < 2.29.7's one-rank kernel leaves trailing elements
+  // unwritten (NVIDIA/nccl#1950; kft cuts such calls in two): every element scaled exactly once.
+  for (const std::size_t m : {std::size_t{(1u << 20) + 3}, std::size_t{100003}, std::size_t{4097}}) {
+    std::vector<float> hv(m);
+    for (std::size_t i = 0; i < m; ++i) hv[i] = static_cast<float>(i % 97) - 40.0f;
+    std::vector<unsigned char> raw(m * sizeof(float));
+    std::memcpy(raw.data(), hv.data(), raw.size());
+    device_buffer d(raw.size());
+    d.upload(raw);
+    comm.allreduce(d.p, d.p, m, kft::dtype::f32, kft::op_kind::sum, nccl::options{.prescale = 0.5});
+    const auto got = d.download(raw.size());
+    long wrong = 0;
+    for (std::size_t i = 0; i < m; ++i) wrong += get(kft::dtype::f32, got.data(), i) != hv[i] * 0.5f;
+    BOOST_TEST(wrong == 0, "prescale 0.5 in place over " << m << " floats: " << wrong << " element(s) not scaled once");
+  }
   // Detached work stays ordered on its stream; synchronize() checks it.
   for (int i = 0; i < 8; ++i) comm.allreduce_async(a.p, b.p, n, kft::dtype::f32, kft::op_kind::sum, nccl::options{.stream = s}).detach();
   comm.synchronize(s, 10s);

@@ -45,6 +45,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <kft/async/work.hpp>
@@ -152,13 +153,16 @@ class communicator : public typed_collectives<communicator, options> {
     c.s_->cfg = s.cfg;
     c.s_->cfg.stream = nullptr;  // the child gets its own stream
     c.s_->cfg.identity.label = label.empty() ? "split " + std::to_string(color) : std::move(label);
-    c.s_->comm = child;
+    // A non-blocking split may hand the child out only when NCCL's background job ends (NCCL
+    // 2.28 does): read it again on every poll, never the value seen when ncclCommSplit returned.
+    const auto child_now = [&child] { return *static_cast<ncclComm_t const volatile*>(&child); };
     const auto deadline = std::chrono::steady_clock::now() + s.cfg.timeout;
     backoff b(std::chrono::microseconds(500));
     try {
       for (;;) {
         const bool parent = s.in_progress(s.comm, "split", 0);
-        const bool mine = child != nullptr && c.s_->in_progress(child, "split", 0);
+        c.s_->comm = child_now();
+        const bool mine = c.s_->comm != nullptr && c.s_->in_progress(c.s_->comm, "split", 0);
         if (!parent && !mine) break;
         if (std::chrono::steady_clock::now() > deadline) {
           c.s_->abort_quietly();
@@ -172,7 +176,8 @@ class communicator : public typed_collectives<communicator, options> {
       c.s_->abort_quietly();
       throw;
     }
-    if (child == nullptr) {
+    c.s_->comm = child_now();
+    if (c.s_->comm == nullptr) {
       c.s_.reset();  // not a member: an invalid communicator
       return c;
     }
@@ -236,7 +241,9 @@ class communicator : public typed_collectives<communicator, options> {
     detail::redop r;
     detail::make_redop(*s_, r, "allreduce", t, op, c.prescale, c.timeout);
     return launch(collective::allreduce, "ncclAllReduce", count, t, c, [&](cudaStream_t st) {
-      return ncclAllReduce(in, out, count, detail::datatype(t), r.op, s_->comm, st);
+      return in_whole_parts(count, t, pre_mul_sum(t, op, c), c, "allreduce", [&](std::size_t at, std::size_t n) {
+        return ncclAllReduce(offset(in, at, t), offset(out, at, t), n, detail::datatype(t), r.op, s_->comm, st);
+      });
     });
   }
   /// @brief Enqueues a broadcast from `root`.
@@ -258,7 +265,10 @@ class communicator : public typed_collectives<communicator, options> {
     detail::redop r;
     detail::make_redop(*s_, r, "reduce_scatter", t, op, c.prescale, c.timeout);
     return launch(collective::reduce_scatter, "ncclReduceScatter", recv_count, t, c, [&](cudaStream_t st) {
-      return ncclReduceScatter(in, out, recv_count, detail::datatype(t), r.op, s_->comm, st);
+      // One rank: the send buffer is the receive buffer's shape, so parts are cut alike.
+      return in_whole_parts(recv_count, t, pre_mul_sum(t, op, c), c, "reduce_scatter", [&](std::size_t at, std::size_t n) {
+        return ncclReduceScatter(offset(in, at, t), offset(out, at, t), n, detail::datatype(t), r.op, s_->comm, st);
+      });
     });
   }
   /// @brief Enqueues an allgather. In place when in == out + rank * send_count.
@@ -337,6 +347,35 @@ class communicator : public typed_collectives<communicator, options> {
     auto ev = std::make_shared<detail::event>(s_, s.take_event(op, seq));
     kft::detail::cuda_check(cudaEventRecord(ev->ev, st), "cudaEventRecord", s.site(op, seq));
     return detail::work_of(std::move(ev), c, op, seq, count, t, k.timeout);
+  }
+
+  // NCCL reduces with a PreMulSum for avg on floating-point types and for a prescale.
+  static bool pre_mul_sum(dtype t, op_kind op, const call& c) {
+    return c.prescale != 0.0 || (op == op_kind::avg && detail::floating(t));
+  }
+  template <class P>
+  static P* offset(P* p, std::size_t elements, dtype t) {
+    using byte = std::conditional_t<std::is_const_v<P>, const unsigned char, unsigned char>;
+    return static_cast<P*>(static_cast<byte*>(p) + elements * size_of(t));
+  }
+
+  // NCCL before 2.29.7 leaves up to 31 trailing elements unwritten when a one-rank communicator
+  // reduces with a PreMulSum (NVIDIA/nccl#1950, seen on an H200 with 2.28.3): its one-rank
+  // kernel gives each of min(32, ceil(bytes / 16 KiB)) blocks a rounded-down share. There, kft
+  // enqueues the call as two: a head of whole 16 KiB units, which that split covers exactly, and
+  // a tail under 16 KiB, which one block covers. Elsewhere it is the one call.
+  template <class Enqueue>
+  ncclResult_t in_whole_parts(std::size_t count, dtype t, bool pms, const call& c, const char* op, Enqueue&& part) {
+    static const bool one_rank_tail_bug = version_code() < 22907;
+    constexpr std::size_t unit = std::size_t{16} << 10;
+    const std::size_t head = count * size_of(t) / unit * unit / size_of(t);
+    if (!one_rank_tail_bug || !pms || s_->size != 1 || head == 0 || head == count) return part(0, count);
+    const ncclResult_t rc = part(0, head);
+    if (rc == ncclInProgress)
+      s_->settle(op, s_->seq, c.timeout, "enqueueing the collective");
+    else if (rc != ncclSuccess)
+      return rc;
+    return part(head, count - head);
   }
 
   static void validate(int rank, int size, int device) {

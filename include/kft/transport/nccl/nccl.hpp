@@ -25,11 +25,16 @@ inline void check(ncclResult_t rc, const char* call, error_site site = {}) {
   throw transport_error(msg, std::move(site), static_cast<int>(rc));
 }
 
-/// @brief NCCL's runtime version as "major.minor.patch" (from ncclGetVersion).
-inline std::string version() {
+/// @brief NCCL's runtime version as major*10000 + minor*100 + patch (ncclGetVersion, NCCL >= 2.9).
+inline int version_code() {
   int v = 0;
   check(ncclGetVersion(&v), "ncclGetVersion", error_site::of("nccl"));
-  // NCCL >= 2.9 encodes major*10000 + minor*100 + patch.
+  return v;
+}
+
+/// @brief NCCL's runtime version as "major.minor.patch" (from ncclGetVersion).
+inline std::string version() {
+  const int v = version_code();
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
