@@ -13,7 +13,7 @@
 #  - kft's CUDA reduction kernels: every dtype x op x inputs against a host reference
 #    (test_cuda_reduce), then their bandwidth beside cudaMemcpy D2D (bench/cuda_reduce_perf);
 #  - the CUDA IPC communicator between 2, 3 and 4 processes (test_cuda_ipc starts them; they
-#    share GPU 0 when there is one GPU).
+#    share GPU 0 when there is one GPU), then its all_reduce_perf (bench/cuda_ipc_perf).
 #
 #   tests/gpu/run-gpu-checks.sh [BUILD_DIR]      (default: $KFT_BUILD_DIR, else build-gpu)
 #
@@ -42,6 +42,7 @@ if [[ ! -x $exe ]]; then
 fi
 [[ -x $build/bench/allreduce_perf ]] || cmake --build "$build" --target allreduce_perf -j "$(nproc)" || true
 [[ -x $build/bench/cuda_reduce_perf ]] || cmake --build "$build" --target cuda_reduce_perf -j "$(nproc)" || true
+[[ -x $build/bench/cuda_ipc_perf ]] || cmake --build "$build" --target cuda_ipc_perf -j "$(nproc)" || true
 
 start=$SECONDS
 echo "== test_nccl: ranks as threads"
@@ -111,6 +112,14 @@ if [[ -x $ipc ]]; then
   irc=$?
 fi
 
+iprc=0
+if [[ -x $build/bench/cuda_ipc_perf ]]; then
+  echo "== all_reduce_perf over CUDA IPC (2 and 4 processes), nccl-tests' columns"
+  timeout 300 "$build/bench/cuda_ipc_perf" -p 2,4 -b 8 -e 256M -f 4 -n 20 -w 5 \
+    ${KFT_GPU_CHECKS_IPC_JSON:+--json "$KFT_GPU_CHECKS_IPC_JSON"}
+  iprc=$?
+fi
+
 echo "run-gpu-checks: threads exit $rc, processes exit $prc, conformance exit $crc, ddp exit $drc, bench exit $brc," \
-  "kernels exit $krc, kernel bench exit $kbrc, cuda ipc exit $irc, $((SECONDS - start)) s"
-[[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $drc -eq 0 && $brc -eq 0 && $krc -eq 0 && $kbrc -eq 0 && $irc -eq 0 ]]
+  "kernels exit $krc, kernel bench exit $kbrc, cuda ipc exit $irc, ipc bench exit $iprc, $((SECONDS - start)) s"
+[[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $drc -eq 0 && $brc -eq 0 && $krc -eq 0 && $kbrc -eq 0 && $irc -eq 0 && $iprc -eq 0 ]]
