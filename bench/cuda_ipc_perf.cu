@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("# %d GPU(s), GPU 0 %s%s\n", devices, prop.name,
-              devices == 1 ? "; every rank on it (time-sliced between the processes)" : "");
+              devices == 1 ? "; every rank on it (time-sliced between the processes unless the MPS daemon runs)" : "");
   std::fflush(stdout);
   int worst = 0;
   for (int p : a.ranks) {

@@ -13,7 +13,9 @@
 #  - kft's CUDA reduction kernels: every dtype x op x inputs against a host reference
 #    (test_cuda_reduce), then their bandwidth beside cudaMemcpy D2D (bench/cuda_reduce_perf);
 #  - the CUDA IPC communicator between 2, 3 and 4 processes (test_cuda_ipc starts them; they
-#    share GPU 0 when there is one GPU), then its all_reduce_perf (bench/cuda_ipc_perf).
+#    share GPU 0 when there is one GPU), then its all_reduce_perf (bench/cuda_ipc_perf), again
+#    under NVIDIA's MPS daemon when nvidia-cuda-mps-control is there (processes sharing a GPU
+#    then run together instead of time-sliced).
 #
 #   tests/gpu/run-gpu-checks.sh [BUILD_DIR]      (default: $KFT_BUILD_DIR, else build-gpu)
 #
@@ -118,6 +120,20 @@ if [[ -x $build/bench/cuda_ipc_perf ]]; then
   timeout 300 "$build/bench/cuda_ipc_perf" -p 2,4 -b 8 -e 256M -f 4 -n 20 -w 5 \
     ${KFT_GPU_CHECKS_IPC_JSON:+--json "$KFT_GPU_CHECKS_IPC_JSON"}
   iprc=$?
+  mps=$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null || true)
+  if [[ $iprc -eq 0 && -n $mps ]]; then
+    echo "== all_reduce_perf over CUDA IPC under MPS ($mps -d)"
+    mps_dir=$(mktemp -d)
+    if CUDA_MPS_PIPE_DIRECTORY=$mps_dir CUDA_MPS_LOG_DIRECTORY=$mps_dir "$mps" -d; then
+      CUDA_MPS_PIPE_DIRECTORY=$mps_dir timeout 300 "$build/bench/cuda_ipc_perf" -p 2,4 -b 8 -e 512M -f 4 -n 20 -w 5 \
+        ${KFT_GPU_CHECKS_IPC_JSON:+--json "$KFT_GPU_CHECKS_IPC_JSON"}
+      iprc=$?
+      echo quit | CUDA_MPS_PIPE_DIRECTORY=$mps_dir "$mps"
+    else
+      echo "MPS did not start: skipped"
+    fi
+    rm -rf "$mps_dir"
+  fi
 fi
 
 echo "run-gpu-checks: threads exit $rc, processes exit $prc, conformance exit $crc, ddp exit $drc, bench exit $brc," \

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -183,6 +184,30 @@ void collectives(kft::rendezvous::store& store) {
                static_cast<double>(j * 100000 + static_cast<int>(i % 5000));
     EXPECT(bad == 0, "allgather x %zu: %ld wrong", n, bad);
     ++calls;
+  }
+  // The typed forms (spans) reach the same calls; sizes are checked before anything is enqueued.
+  {
+    const std::size_t n = 1000;
+    std::vector<unsigned char> h(n * 4);
+    for (std::size_t i = 0; i < n; ++i) kft_test::put(kft::dtype::f32, h.data(), i, kft_test::input(g_rank, i, kft::op_kind::max, kft::dtype::f32));
+    device_buffer d(h.size());
+    d.upload(h);
+    auto* p = static_cast<float*>(d.p);
+    c.allreduce(std::span<const float>(p, n), std::span<float>(p, n), kft::ops::max);
+    const auto got = d.download(h.size());
+    fold(got);
+    long bad = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      bad += kft_test::get(kft::dtype::f32, got.data(), i) != kft_test::expected(g_size, i, kft::op_kind::max, kft::dtype::f32);
+    EXPECT(bad == 0, "typed allreduce max: %ld wrong", bad);
+    ++calls;
+    bool sized = false;
+    try {
+      c.allreduce(std::span<const float>(p, n), std::span<float>(p, n - 1), kft::ops::sum);
+    } catch (const kft::usage_error&) {
+      sized = true;
+    }
+    EXPECT(sized, "typed allreduce with different sizes was not refused");
   }
   for (int i = 0; i < 3; ++i) c.barrier();
   calls += 3;

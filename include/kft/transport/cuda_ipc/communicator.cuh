@@ -7,6 +7,7 @@
 ///     kft::rendezvous::file_store store(dir);                       // or any kft store
 ///     kft::cuda_ipc::communicator comm(store, local_rank, local_size, device);
 ///     comm.allreduce(d_in, d_out, n, kft::dtype::bf16, kft::op_kind::avg);
+///     comm.allreduce(std::span<const float>(d_g, n), std::span<float>(d_g, n), kft::ops::sum);  // typed
 ///
 /// Set-up: each rank allocates one device region (a control block and `staging_bytes` of
 /// staging), publishes its `cudaIpcMemHandle_t` under `<name>/<rank>` in the store, and opens
@@ -74,6 +75,7 @@
 #include <kft/kernels/cuda_reduce.cuh>
 #include <kft/rendezvous/store.hpp>
 #include <kft/transport/concepts.hpp>
+#include <kft/transport/typed_collectives.hpp>
 
 KFT_NAMESPACE_BEGIN
 namespace cuda_ipc {
@@ -259,8 +261,11 @@ struct state {
 }  // namespace detail
 
 /// @brief Collectives over CUDA IPC between the processes (or GPUs) of one node.
-class communicator {
+class communicator : public typed_collectives<communicator> {
+  using typed = typed_collectives<communicator>;
+
  public:
+  KFT_TYPED_COLLECTIVES(typed);
   /// @brief Collective: every rank of the group constructs it with its rank, the group's size
   /// and its CUDA device. Waits (until `cfg.timeout`) for the others' handles in `store`.
   /// @throws usage_error on a bad place or config, timeout_error when a rank does not come,
@@ -309,6 +314,10 @@ class communicator {
   std::string broken() const { return s_ ? s_->broken : std::string("moved from"); }
   /// @brief The stream calls are enqueued on.
   cudaStream_t stream() const { return s_ ? s_->stream : nullptr; }
+  /// @brief Where the next call of `c` would fail (for the typed forms' size checks).
+  error_site next_site(collective c) const {
+    return s_ ? s_->site(std::string(name(c)), s_->seq + 1) : error_site::of("cuda_ipc " + std::string(name(c)));
+  }
 
   // ---- the contract's collectives (device buffers) --------------------------------------------
   void allreduce(const void* in, void* out, std::size_t n, dtype t, op_kind op, const options& o = {}) {
