@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
+#include <kft/core/collective.hpp>
 #include <kft/core/namespace.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -20,8 +22,9 @@ namespace detail {
 
 inline constexpr std::uint64_t segment_magic = 0x316d68732d74666bULL;  // "kft-shm1"
 /// Bumped whenever the segment's layout or protocol changes: ranks of different kft builds
-/// sharing one node refuse each other by it (2: `rank_ctrl::done`).
-inline constexpr std::uint32_t layout_version = 4;
+/// sharing one node refuse each other by it (2: `rank_ctrl::done`; 5: the mailbox's head line
+/// holds a signature hash and 48 bytes of data, the full signature the line before).
+inline constexpr std::uint32_t layout_version = 5;
 inline constexpr std::uint64_t no_offset = ~0ULL;
 
 /// What a rank is doing in one call; compared across ranks.
@@ -40,15 +43,38 @@ struct signature {
 
 static_assert(sizeof(signature) == 48);
 
-/// The head of a rank's one-shot slot (one per call parity): the arrival flag, the call's
-/// signature and the first bytes of data share one cache line, so a tiny collective costs the
-/// reader one line per peer.
+/// A hash of what must agree between ranks: the signature, less an allgather's zero-copy
+/// input offset (which may differ: each rank reads the peer's from `mailbox::sig`).
+/// Six 64-bit words, a multiply and a shift each (~25 cycles: it is on every call's path).
+inline std::uint64_t signature_hash(const signature& g) noexcept {
+  std::uint64_t w[sizeof(signature) / 8];
+  std::memcpy(w, &g, sizeof w);
+  if (g.coll == static_cast<std::uint8_t>(collective::allgather)) w[2] = 0;  // in_off
+  std::uint64_t x = 0x243f6a8885a308d3ULL;
+  for (const std::uint64_t v : w) {
+    x = (x ^ v) * 0x9e3779b97f4a7c15ULL;
+    x ^= x >> 29;
+  }
+  return x;
+}
+static_assert(sizeof(signature) % 8 == 0);
+
+/// A rank's one-shot slot (one per call parity). Its first line holds the call's full
+/// signature less its sequence number (written only when it changes), read by peers only when
+/// the hashes differ (for the error message) and for an allgather's zero-copy input offset. The second line holds the arrival flag, the signature's
+/// hash and the first 48 bytes of data, so a collective of up to 48 bytes costs the reader one
+/// line per peer.
 struct alignas(64) mailbox {
-  std::atomic<std::uint64_t> seq;  // the call this mailbox holds; written last (release)
   signature sig;
+  char pad[64 - sizeof(signature)];
+  std::atomic<std::uint64_t> seq;  // the call this mailbox holds; written last (release)
+  std::uint64_t sig_hash;          // signature_hash(sig)
   // data follows (mailbox_data_offset)
 };
-inline constexpr std::size_t mailbox_data_offset = 8 + sizeof(signature);
+inline constexpr std::size_t mailbox_data_offset = 64 + 8 + 8;
+// seq at byte 64 and sig_hash at 72: the data's first 48 bytes share their line.
+static_assert(sizeof(signature) + sizeof(mailbox::pad) == 64 && alignof(std::atomic<std::uint64_t>) == 8 &&
+              sizeof(mailbox) == 128);
 
 struct alignas(64) rank_ctrl {
   std::atomic<std::uint64_t> stage;  // chunk progress: chunk g is 3g+1 copied in, 3g+2 reduced, 3g+3 done

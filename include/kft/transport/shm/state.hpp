@@ -351,6 +351,7 @@ struct state {
 
   struct call {
     detail::signature sig;
+    std::uint64_t hash = 0;  // detail::signature_hash(sig), as published in the mailbox
     mutable std::chrono::steady_clock::time_point deadline{};  // unset until a wait is slow
     std::chrono::milliseconds timeout;
   };
@@ -378,7 +379,14 @@ struct state {
     k.timeout = o.timeout.count() > 0 ? o.timeout : cfg.timeout;
     // The deadline is set by the first wait of the call that does not complete at once
     // (reading the clock costs as much as a fast one-shot call's synchronisation).
-    box(me, k.sig.seq).sig = k.sig;
+    auto& b = box(me, k.sig.seq);
+    // The full signature's line, less the sequence number (the arrival flag holds it), is
+    // rewritten only when the call's shape changes: repeated calls leave it shared with the
+    // peers whose prefetchers pulled it in beside the flag's line, instead of taking it back.
+    detail::signature shape = k.sig;
+    shape.seq = 0;
+    if (!(b.sig == shape)) b.sig = shape;
+    b.sig_hash = k.hash = detail::signature_hash(k.sig);
     return k;
   }
 
@@ -391,7 +399,11 @@ struct state {
                &k.sig, k.deadline, k.timeout);
     for (int r = 0; r < p; ++r) {
       if (r == me) continue;
+      // The hash sits in the line the arrival flag was read from; the full signature (the line
+      // before) is read only when they differ, to say how.
+      if (box(r, k.sig.seq).sig_hash == k.hash) continue;
       detail::signature theirs = box(r, k.sig.seq).sig;
+      theirs.seq = box(r, k.sig.seq).seq.load(std::memory_order_relaxed);
       // An allgather's zero-copy input may sit at a different place on every rank (in place:
       // out + rank * count); each rank reads it from the peer's signature instead.
       if (static_cast<collective>(k.sig.coll) == collective::allgather) theirs.in_off = k.sig.in_off;
