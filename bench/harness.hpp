@@ -195,7 +195,9 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   app.add_flag("--zero-copy", a.zero_copy, "buffers from comm.allocate_bytes (inside the shared segment)");
   app.add_flag("--memcpy-beside", a.memcpy_beside,
                "after each size, memcpy the same bytes between this rank's same buffers on min(ranks, CPUs) "
-               "ranks at once, at least 10 ms (the others sleep): JSON memcpy_beside, the slowest copier's GB/s");
+               "ranks at once, at least 10 ms (the others sleep): JSON memcpy_beside, the slowest copier's GB/s; "
+               "with more ranks than CPUs, from 1 MiB, also on every rank at once with a one-float allreduce "
+               "after each copy: memcpy_beside_all");
   app.add_option("--json", a.json_path, "write rows (nccl-tests -J layout plus peers and kft's algorithm) to FILE");
   app.add_flag("--peers,!--no-peers", a.peers,
                "also measure memcpy, MPI_Allreduce (default, tuned malloc) and Gloo (allreduce_perf only; float sum)");
@@ -689,6 +691,40 @@ class bench {
     return slowest > 0 ? static_cast<double>(bytes) * n / slowest / 1e9 : 0;
   }
 
+  // --memcpy-beside with more ranks than online CPUs, from 1 MiB: every rank copies `bytes`
+  // between the same buffers at once, and after each copy the ranks meet in a one-float
+  // allreduce on the communicator under test (a collective's phases end in such a meeting).
+  // Returns the slowest rank's GB/s. Beside memcpy_beside (the CPUs' copiers alone, whose
+  // rate shared out evenly is what ranks beyond the CPUs could get at best), this is what p
+  // ranks with equal shares of copying get from the scheduler when each copy ends in a wait:
+  // three ranks on two CPUs often run two copies, then the third alone.
+  double memcpy_beside_all(std::size_t bytes) const {
+    double one = 0;
+    if (me_ == 0) {
+      std::memcpy(recv_, send_, bytes);
+      const auto t0 = clk::now();
+      std::memcpy(recv_, send_, bytes);
+      asm volatile("" ::"r"(recv_) : "memory");
+      one = std::max(seconds_since(t0), 1e-9);
+    }
+    ctl_.bcast(&one, sizeof one, 0);
+    // Each round costs about one copy per rank on each CPU: p/CPUs copies' time.
+    int n = std::max(a_.iters, static_cast<int>(std::min(1e6, 0.01 / one) + 1));
+    if (one * n * n_ > a_.peer_budget) n = std::max(1, static_cast<int>(a_.peer_budget / (one * n_)));
+    float token = 1, sum = 0;
+    std::memcpy(recv_, send_, bytes);
+    be_.allreduce(&token, &sum, 1, kft::dtype::f32, kft::op_kind::sum, opts_);
+    const auto t0 = clk::now();
+    for (int i = 0; i < n; ++i) {
+      std::memcpy(recv_, send_, bytes);
+      asm volatile("" ::"r"(recv_) : "memory");
+      be_.allreduce(&token, &sum, 1, kft::dtype::f32, kft::op_kind::sum, opts_);
+    }
+    const double slowest = max_all(seconds_since(t0));
+    ctl_.barrier();
+    return slowest > 0 ? static_cast<double>(bytes) * n / slowest / 1e9 : 0;
+  }
+
   // Every call timed; a call's time is the slowest rank's.
   template <class F>
   iter_stats time_each(int warmup, int iters, F&& call) const {
@@ -898,8 +934,12 @@ void bench<C>::run_rows(kft::dtype t, kft::op_kind op, int root) {
       row["out_of_place_forced"] = std::move(forced);
       algo_rows_.push_back(ar);
     }
-    if (a_.memcpy_beside && sh.send_bytes > 0 && sh.send_bytes == sh.recv_bytes)
+    if (a_.memcpy_beside && sh.send_bytes > 0 && sh.send_bytes == sh.recv_bytes) {
       row["memcpy_beside"] = memcpy_beside(sh.send_bytes);
+      const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+      if (cpus > 0 && n_ > cpus && sh.send_bytes >= (std::size_t{1} << 20))
+        row["memcpy_beside_all"] = memcpy_beside_all(sh.send_bytes);
+    }
     row["actual_iterations"] = iterations;
     row["algorithm"] = std::string(kft::name(chosen));
     row["algorithm_requested"] = std::string(kft::name(a_.algorithm));
