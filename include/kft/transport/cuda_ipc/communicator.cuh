@@ -266,6 +266,9 @@ class communicator : public typed_collectives<communicator> {
 
  public:
   KFT_TYPED_COLLECTIVES(typed);
+  /// Buffers are device pointers (the generic hierarchical allreduce refuses avg on them, as it
+  /// would divide on the host; kft::ddp picks device bucket storage).
+  static constexpr bool device_buffers = true;
   /// @brief Collective: every rank of the group constructs it with its rank, the group's size
   /// and its CUDA device. Waits (until `cfg.timeout`) for the others' handles in `store`.
   /// @throws usage_error on a bad place or config, timeout_error when a rank does not come,
