@@ -13,7 +13,8 @@
 #  - kft's CUDA reduction kernels: every dtype x op x inputs against a host reference
 #    (test_cuda_reduce), then their bandwidth beside cudaMemcpy D2D (bench/cuda_reduce_perf);
 #  - the CUDA IPC communicator between 2, 3 and 4 processes (test_cuda_ipc starts them; they
-#    share GPU 0 when there is one GPU), then its all_reduce_perf (bench/cuda_ipc_perf), again
+#    share GPU 0 when there is one GPU), the hierarchical allreduce over two of them (4 ranks
+#    as 2 nodes x 2) and the DDP reducer over it, then its all_reduce_perf (bench/cuda_ipc_perf), again
 #    under NVIDIA's MPS daemon when nvidia-cuda-mps-control is there (processes sharing a GPU
 #    then run together instead of time-sliced).
 #

@@ -12,13 +12,19 @@
 //  - abort(reason) on one rank: the others' calls fail with remote_error carrying the reason;
 //  - with 4 ranks, the generic hierarchical allreduce over two of these communicators (two
 //    "nodes" of 2 ranks, two rails of 2): the pipelined path, its remainder and the latency
-//    path against the host reference, bit-identical on every rank; avg refused (device buffers).
+//    path against the host reference, bit-identical on every rank; avg refused (device buffers);
+//  - the DDP reducer over this communicator (kft/ddp/cuda.hpp): device bucket storage,
+//    gradients landing on a compute stream of the test's own, each bucket's allreduce ordered
+//    after them by an event; 4 steps (the first rebuilds) in a shuffled ready order per rank,
+//    the rank-order average, bit-identical on every rank; small and default buckets and the
+//    deterministic mode.
 // Exit: 0 passed, 1 failed, 77 no CUDA device (CTest: skipped).
 #include <cuda_runtime.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -26,6 +32,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <span>
 #include <sstream>
 #include <string>
@@ -33,6 +40,7 @@
 #include <vector>
 
 #include <kft/collectives/allreduce_hierarchical.hpp>
+#include <kft/ddp/cuda.hpp>
 #include <kft/rendezvous/file_store.hpp>
 #include <kft/transport/cuda_ipc/communicator.cuh>
 
@@ -253,7 +261,7 @@ void hierarchical(kft::rendezvous::store& store) {
   ipc::communicator intra(store, local, 2, my_device(), ncfg);
   ipc::communicator inter(store, node, 2, my_device(), rcfg);
   kft::hierarchical_config hc;
-  hc.chunk_bytes = 64 << 10;  // several pipelined chunks at the larger counts
+  hc.chunk_bytes = 128 << 10;  // several pipelined chunks at the larger counts (one GPU time-slices the ranks: keep it short)
   hc.small_bytes = 4 << 10;
   hc.inter_algorithm = kft::algo::automatic;
   kft::hierarchical_allreduce<ipc::communicator, ipc::communicator> ar(intra, inter, hc);
@@ -262,7 +270,7 @@ void hierarchical(kft::rendezvous::store& store) {
   std::uint64_t hash = 1469598103934665603ull;
   for (auto t : {kft::dtype::f32, kft::dtype::bf16, kft::dtype::i32})
     for (auto op : {kft::op_kind::sum, kft::op_kind::max})
-      for (std::size_t n : {std::size_t{3}, std::size_t{1000}, std::size_t{65536 + 3}, std::size_t{1} << 20}) {
+      for (std::size_t n : {std::size_t{3}, std::size_t{1000}, std::size_t{65536 + 3}, (std::size_t{1} << 18) + 5}) {
         const std::size_t es = kft::size_of(t), bytes = n * es;
         std::vector<unsigned char> h(bytes);
         for (std::size_t i = 0; i < n; ++i) kft_test::put(t, h.data(), i, kft_test::input(g_rank, i, op, t));
@@ -300,6 +308,105 @@ void hierarchical(kft::rendezvous::store& store) {
   std::printf("[rank %d/%d] hierarchical allreduce (2 nodes x 2 ranks, cuda_ipc at both levels): %ld calls checked "
               "in %.2f s (f32, bf16, i32 x sum, max x 4 counts)\n",
               g_rank, g_size, calls, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// The DDP reducer over CUDA IPC: the same checks as tests/gpu/test_ddp_nccl.cpp, between processes.
+double grad_value(int r, std::size_t i, std::size_t j, int s) {
+  return static_cast<double>((static_cast<std::size_t>(r) * 5 + i * 3 + j * 7 + static_cast<std::size_t>(s) * 11) % 9) -
+         4.0;
+}
+
+void reducer(kft::rendezvous::store& store, const char* what, kft::ddp::reducer_options opts) {
+  namespace ddp = kft::ddp;
+  const std::vector<ddp::parameter> params = {{1, kft::dtype::f32, "a"},         {7, kft::dtype::f64, "b"},
+                                              {1023, kft::dtype::bf16, "c"},     {(1u << 20) + 3, kft::dtype::f32, "d"},
+                                              {4099, kft::dtype::f32, "e"},      {300000, kft::dtype::f32, "f"}};
+  ipc::config cfg;
+  cfg.name = std::string("ddp-") + what;
+  cfg.timeout = 60s;
+  cfg.staging_bytes = 256 << 10;  // buckets above it are chunked
+  ipc::communicator c(store, g_rank, g_size, my_device(), cfg);
+  cudaStream_t compute = nullptr;
+  cuda(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreate");
+  opts.stream = compute;
+  long wrong = 0;
+  bool on_device = true;
+  std::uint64_t hash = 1469598103934665603ull;
+  double ms = 0;
+  {
+    ddp::reducer<ipc::communicator> red(c, params, opts);
+    std::vector<std::vector<unsigned char>> host(params.size());
+    for (int s = 1; s <= 4; ++s) {
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        host[i].resize(params[i].count * kft::size_of(params[i].type));
+        for (std::size_t j = 0; j < params[i].count; ++j)
+          kft_test::put(params[i].type, host[i].data(), j, grad_value(g_rank, i, j, s));
+      }
+      std::vector<std::size_t> order(params.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::mt19937 rng(static_cast<unsigned>(g_rank * 100 + s));
+      std::shuffle(order.begin(), order.end(), rng);
+      const auto t0 = std::chrono::steady_clock::now();
+      red.zero_grad();
+      for (std::size_t i : order) {
+        cudaPointerAttributes a{};
+        cuda(cudaPointerGetAttributes(&a, red.gradient_data(i)), "cudaPointerGetAttributes");
+        if (a.type != cudaMemoryTypeDevice) on_device = false;
+        // "backward": the gradient lands on the compute stream, asynchronously
+        cuda(cudaMemcpyAsync(red.gradient_data(i), host[i].data(), host[i].size(), cudaMemcpyHostToDevice, compute),
+             "cudaMemcpyAsync");
+        red.mark_ready(i);
+      }
+      red.finish();
+      cuda(cudaStreamSynchronize(compute), "cudaStreamSynchronize");
+      if (s > 1) ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 3;
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        std::vector<unsigned char> back(host[i].size());
+        cuda(cudaMemcpy(back.data(), red.gradient_data(i), back.size(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+        long bad = 0;
+        for (std::size_t j = 0; j < params[i].count; ++j) {
+          double sum = 0;
+          for (int q = 0; q < g_size; ++q) sum += grad_value(q, i, j, s);
+          // The average as the kernels form it: the sum (exact here), one division, one rounding.
+          std::vector<unsigned char> want(kft::size_of(params[i].type));
+          kft_test::put(params[i].type, want.data(), 0,
+                        params[i].type == kft::dtype::f64 ? sum / g_size
+                                                          : static_cast<double>(static_cast<float>(sum) /
+                                                                                static_cast<float>(g_size)));
+          const double got = kft_test::get(params[i].type, back.data(), j), w = kft_test::get(params[i].type, want.data(), 0);
+          // Deterministic mode sums in 64-bit fixed point and divides after decoding: within
+          // two units in the last place of the kernels' average (bit identity across ranks is
+          // checked by the hash below).
+          const bool ok = opts.deterministic
+                              ? std::fabs(got - w) <= 2 * kft_test::ulp_of(params[i].type) * std::max(std::fabs(w), 1.0)
+                              : got == w;
+          if (!ok && bad++ < 2)
+            std::printf("[rank %d/%d] ddp %s step %d parameter %s element %zu: %g, want %g\n", g_rank, g_size, what, s,
+                        params[i].name.c_str(), j, got, w);
+        }
+        wrong += bad;
+        hash = hash * 31 + kft_test::bits_hash(back.data(), back.size());
+      }
+    }
+  }
+  cudaStreamDestroy(compute);
+  EXPECT(wrong == 0, "ddp reducer over cuda_ipc (%s): %ld wrong gradient elements", what, wrong);
+  EXPECT(on_device, "ddp reducer over cuda_ipc (%s): gradients are not device memory", what);
+  const std::string key = std::string("ddp/") + what + "/hash/";
+  store.set(key + std::to_string(g_rank), std::to_string(hash));
+  for (int j = 0; j < g_size; ++j) {
+    const auto theirs = store.get(key + std::to_string(j), 60s);
+    EXPECT(theirs == std::to_string(hash), "ddp reducer over cuda_ipc (%s): rank %d's gradients differ from this rank's",
+           what, j);
+  }
+  std::printf("[rank %d/%d] ddp reducer over cuda_ipc, %s: 4 steps checked, %.3f ms per step\n", g_rank, g_size, what,
+              ms);
+}
+
+void reducers(kft::rendezvous::store& store) {
+  reducer(store, "small-buckets", {.limits = {.first_bucket_bytes = 64u << 10, .bucket_bytes_cap = 1u << 20}});
+  reducer(store, "default-buckets", {});
+  reducer(store, "deterministic", {.deterministic = true});
 }
 
 void failures(kft::rendezvous::store& store) {
@@ -376,6 +483,7 @@ int child(const char* dir) {
     kft::rendezvous::file_store store(dir);
     collectives(store);
     hierarchical(store);
+    reducers(store);
     failures(store);
   } catch (const std::exception& e) {
     std::printf("[rank %d/%d] FAIL: %s\n", g_rank, g_size, e.what());

@@ -212,9 +212,11 @@ class reducer {
         }
     }
     std::optional<async::work> usage_work;
-    if (!usage_.empty())  // who used what: summed over the ranks, issued after the last bucket
-      usage_work.emplace(g_.allreduce_async(usage_.data(), usage_.data(), usage_.size(), dtype::i32, op_kind::sum,
-                                            opts()));
+    // Who used what: summed over the ranks, issued after the last bucket. (void): nvcc takes
+    // emplace's returned reference for a discarded nodiscard value.
+    if (!usage_.empty())
+      (void)usage_work.emplace(
+          g_.allreduce_async(usage_.data(), usage_.data(), usage_.size(), dtype::i32, op_kind::sum, opts()));
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
       try {
         works_[k].wait();
@@ -312,7 +314,7 @@ class reducer {
     while (next_ < buckets_.size() && pending_[next_] == 0) {
       bucket_view v = view(next_);
       if (o_.trace) o_.trace->instant("bucket " + std::to_string(next_), "queue");
-      works_[next_] = as_work(hook_.launch(g_, v));
+      (void)(works_[next_] = as_work(hook_.launch(g_, v)));  // (void): as above, for nvcc
       ++next_;
     }
   }
