@@ -354,3 +354,79 @@ BOOST_AUTO_TEST_CASE(partly_overlapping_buffers_are_refused) {
   BOOST_TEST_REQUIRE(messages.size() == 4u);
   for (const auto& m : messages) BOOST_TEST(m.find("overlap without being the same buffer") != std::string::npos, m);
 }
+
+// The same for the other collectives, whose in-place forms are particular overlaps: broadcast's
+// root (in == out), reduce_scatter (out == in + rank x recv_count), allgather (in == out + rank x
+// send_count). Every other shared byte is refused before anything is exchanged, with
+// a message naming the collective and the in-place form; the in-place forms and the calls after
+// the refusals give the right values, one-shot and chunked sizes alike.
+BOOST_AUTO_TEST_CASE(partly_overlapping_buffers_are_refused_by_every_collective) {
+  std::atomic<int> refused{0};
+  std::mutex mu;
+  std::vector<std::string> wrong;
+  with_ranks(3, "overlap-all", [&](shm::communicator& comm) {
+    const int me = comm.rank(), p = comm.size();
+    auto expect_refusal = [&](const char* what, const char* needle, auto&& call) {
+      try {
+        call();
+        const std::lock_guard lock(mu);
+        wrong.push_back(std::string(what) + " was not refused on rank " + std::to_string(me));
+      } catch (const kft::usage_error& e) {
+        if (std::string(e.what()).find(needle) == std::string::npos) {
+          const std::lock_guard lock(mu);
+          wrong.push_back(std::string(what) + ": message without \"" + needle + "\": " + e.what());
+        }
+        ++refused;
+      }
+    };
+    for (std::size_t n : {std::size_t{5}, std::size_t{300000}}) {  // mailbox and staged chunks
+      const auto un = static_cast<std::size_t>(p);
+      std::vector<float> buf(n * un * 2 + 64, 1.0f);
+      float* b = buf.data();
+      expect_refusal("reduce_scatter", "input + rank x recv_count", [&] {
+        // the output one element past this rank's in-place slice
+        comm.reduce_scatter(std::span<const float>(b, n * un), std::span<float>(b + static_cast<std::size_t>(me) * n + 1, n),
+                            kft::ops::sum);
+      });
+      expect_refusal("allgather", "output + rank x send_count", [&] {
+        comm.allgather(std::span<const float>(b + 1, n), std::span<float>(b, n * un));
+      });
+      // The in-place forms.
+      for (std::size_t i = 0; i < n * un; ++i) b[i] = static_cast<float>(me + 1);
+      comm.reduce_scatter(std::span<const float>(b, n * un), std::span<float>(b + static_cast<std::size_t>(me) * n, n),
+                          kft::ops::sum);
+      for (std::size_t i = 0; i < n; ++i)
+        if (b[static_cast<std::size_t>(me) * n + i] != static_cast<float>(p * (p + 1) / 2)) {
+          const std::lock_guard lock(mu);
+          wrong.push_back("in-place reduce_scatter of " + std::to_string(n) + " is wrong on rank " + std::to_string(me));
+          break;
+        }
+      for (std::size_t i = 0; i < n; ++i) b[static_cast<std::size_t>(me) * n + i] = static_cast<float>(10 * me + 7);
+      comm.allgather(std::span<const float>(b + static_cast<std::size_t>(me) * n, n), std::span<float>(b, n * un));
+      for (std::size_t i = 0; i < n * un; ++i)
+        if (b[i] != static_cast<float>(10 * static_cast<int>(i / n) + 7)) {
+          const std::lock_guard lock(mu);
+          wrong.push_back("in-place allgather of " + std::to_string(n) + " is wrong on rank " + std::to_string(me));
+          break;
+        }
+      if (me == 0) std::fill(b, b + n, 42.0f);
+      comm.broadcast(std::span<float>(b, n), 0);
+      if (std::count(b, b + n, 42.0f) != static_cast<std::ptrdiff_t>(n)) {
+        const std::lock_guard lock(mu);
+        wrong.push_back("in-place broadcast of " + std::to_string(n) + " is wrong on rank " + std::to_string(me));
+      }
+    }
+    // broadcast: only the root reads its input, so only the root can refuse it. A refused call
+    // still takes its sequence number on the root (the peers, had they called, would time out
+    // waiting for it), so these come last.
+    if (me == 0)
+      for (std::size_t n : {std::size_t{5}, std::size_t{300000}}) {
+        std::vector<float> buf(n + 1, 1.0f);
+        expect_refusal("broadcast", "broadcast: the root's input and output buffers overlap", [&] {
+          comm.broadcast(std::span<const float>(buf.data(), n), std::span<float>(buf.data() + 1, n), 0);
+        });
+      }
+  });
+  for (const auto& w : wrong) BOOST_ERROR(w);
+  BOOST_TEST(refused.load() == 2 * (3 + 3 + 1));  // two sizes: reduce_scatter and allgather on every rank, broadcast on the root
+}

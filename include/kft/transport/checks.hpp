@@ -37,6 +37,12 @@ inline bool overlap_partly(const void* a, const void* b, std::size_t bytes) noex
   return x != y && bytes != 0 && x < y + bytes && y < x + bytes;
 }
 
+/// @brief Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+inline bool ranges_overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return a_bytes != 0 && b_bytes != 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
 /// @brief An algorithm a transport does not run: a clear error, never a substitute.
 [[noreturn]] inline void unsupported_algorithm(algo a, std::string_view transport, std::string_view supported,
                                                const error_site& site) {
