@@ -649,6 +649,21 @@ class bench {
     return static_cast<int>(std::min(1e7, a_.min_time / per + 1));
   }
 
+  // One warm memcpy of `bytes` between the send and receive buffers, timed on rank 0, whose
+  // estimate decides every rank's count of copies.
+  double one_copy_seconds(std::size_t bytes) const {
+    double one = 0;
+    if (me_ == 0) {
+      std::memcpy(recv_, send_, bytes);
+      const auto t0 = clk::now();
+      std::memcpy(recv_, send_, bytes);
+      asm volatile("" ::"r"(recv_) : "memory");
+      one = std::max(seconds_since(t0), 1e-9);
+    }
+    ctl_.bcast(&one, sizeof one, 0);
+    return one;
+  }
+
   // --memcpy-beside: memcpy of `bytes` between this rank's send and receive buffers (the
   // collective's own memory: the pool's with --zero-copy) on the first min(ranks, online CPUs)
   // ranks at once, at least -n copies and 10 ms (within --peer-budget); returns the slowest
@@ -659,15 +674,7 @@ class bench {
   double memcpy_beside(std::size_t bytes) const {
     const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
     const int copiers = cpus > 0 && cpus < n_ ? static_cast<int>(cpus) : n_;
-    double one = 0;
-    if (me_ == 0) {
-      std::memcpy(recv_, send_, bytes);
-      const auto t0 = clk::now();
-      std::memcpy(recv_, send_, bytes);
-      asm volatile("" ::"r"(recv_) : "memory");
-      one = std::max(seconds_since(t0), 1e-9);
-    }
-    ctl_.bcast(&one, sizeof one, 0);  // rank 0's estimate decides the count for every rank
+    const double one = one_copy_seconds(bytes);
     int n = std::max(a_.iters, static_cast<int>(std::min(1e7, 0.01 / one) + 1));
     if (one * n > a_.peer_budget) n = std::max(1, static_cast<int>(a_.peer_budget / one));
     if (me_ < copiers) std::memcpy(recv_, send_, bytes);
@@ -699,15 +706,7 @@ class bench {
   // ranks with equal shares of copying get from the scheduler when each copy ends in a wait:
   // three ranks on two CPUs often run two copies, then the third alone.
   double memcpy_beside_all(std::size_t bytes) const {
-    double one = 0;
-    if (me_ == 0) {
-      std::memcpy(recv_, send_, bytes);
-      const auto t0 = clk::now();
-      std::memcpy(recv_, send_, bytes);
-      asm volatile("" ::"r"(recv_) : "memory");
-      one = std::max(seconds_since(t0), 1e-9);
-    }
-    ctl_.bcast(&one, sizeof one, 0);
+    const double one = one_copy_seconds(bytes);
     // Each round costs about one copy per rank on each CPU: p/CPUs copies' time.
     int n = std::max(a_.iters, static_cast<int>(std::min(1e6, 0.01 / one) + 1));
     if (one * n * n_ > a_.peer_budget) n = std::max(1, static_cast<int>(a_.peer_budget / (one * n_)));
