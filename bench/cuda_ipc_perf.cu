@@ -11,8 +11,6 @@
 // factor); #wrong = elements of the first call's output that differ from the host reference.
 // Exit: 0, 1 on a failure, 2 on a bad flag, 77 without a CUDA device.
 #include <cuda_runtime.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -22,7 +20,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -32,6 +29,7 @@
 #include <kft/rendezvous/file_store.hpp>
 #include <kft/transport/cuda_ipc/communicator.cuh>
 
+#include "cuda_launch.hpp"
 #include "sizes.hpp"
 
 using namespace std::chrono_literals;
@@ -150,38 +148,6 @@ int rank_main(const args& a, int rank, int size, const char* dir) {
   return wrong_total == 0 ? 0 : 1;
 }
 
-// Starts p copies of this program (as ranks) and waits for them.
-int launch(char** argv, int p) {
-  char tmpl[] = "/tmp/kft_cuda_ipc_perf_XXXXXX";
-  const char* dir = ::mkdtemp(tmpl);
-  if (dir == nullptr) {
-    std::perror("cuda_ipc_perf: mkdtemp");
-    return 1;
-  }
-  std::vector<pid_t> pids;
-  for (int r = 0; r < p; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("KFT_PERF_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("KFT_PERF_SIZE", std::to_string(p).c_str(), 1);
-      ::setenv("KFT_PERF_STORE", dir, 1);
-      ::execv("/proc/self/exe", argv);
-      std::_Exit(127);
-    }
-    pids.push_back(pid);
-  }
-  int worst = 0;
-  for (auto pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (rc != 0) worst = rc;
-  }
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  return worst;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -222,12 +188,12 @@ int main(int argc, char** argv) {
     std::printf("cuda_ipc_perf: no CUDA device: skipped\n");
     return 77;
   }
-  if (const char* r = std::getenv("KFT_PERF_RANK"); r != nullptr) {
+  if (const auto me = cuda_bench::this_rank(); me.is_rank()) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     try {
-      return rank_main(a, std::atoi(r), std::atoi(std::getenv("KFT_PERF_SIZE")), std::getenv("KFT_PERF_STORE"));
+      return rank_main(a, me.rank, me.size, me.store);
     } catch (const std::exception& x) {
-      std::fprintf(stderr, "cuda_ipc_perf rank %s: %s\n", r, x.what());
+      std::fprintf(stderr, "cuda_ipc_perf rank %d: %s\n", me.rank, x.what());
       return 1;
     }
   }
@@ -238,7 +204,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   int worst = 0;
   for (int p : a.ranks) {
-    const int rc = launch(argv, p);
+    const int rc = cuda_bench::launch(argv, p, "cuda_ipc_perf");
     if (rc != 0) {
       std::printf("cuda_ipc_perf: %d ranks: a rank exited %d\n", p, rc);
       worst = 1;

@@ -16,7 +16,9 @@
 #    share GPU 0 when there is one GPU), the hierarchical allreduce over two of them (4 ranks
 #    as 2 nodes x 2) and the DDP reducer over it, then its all_reduce_perf (bench/cuda_ipc_perf), again
 #    under NVIDIA's MPS daemon when nvidia-cuda-mps-control is there (processes sharing a GPU
-#    then run together instead of time-sliced).
+#    then run together instead of time-sliced);
+#  - under MPS, the DDP reducer's hidden fraction over CUDA IPC with a GPU backward pass
+#    (bench/ddp_overlap_cuda, 2 and 4 processes; sleeping layers, then FMA-busy ones).
 #
 #   tests/gpu/run-gpu-checks.sh [BUILD_DIR]      (default: $KFT_BUILD_DIR, else build-gpu)
 #
@@ -46,6 +48,7 @@ fi
 [[ -x $build/bench/allreduce_perf ]] || cmake --build "$build" --target allreduce_perf -j "$(nproc)" || true
 [[ -x $build/bench/cuda_reduce_perf ]] || cmake --build "$build" --target cuda_reduce_perf -j "$(nproc)" || true
 [[ -x $build/bench/cuda_ipc_perf ]] || cmake --build "$build" --target cuda_ipc_perf -j "$(nproc)" || true
+[[ -x $build/bench/ddp_overlap_cuda ]] || cmake --build "$build" --target ddp_overlap_cuda -j "$(nproc)" || true
 
 start=$SECONDS
 echo "== test_nccl: ranks as threads"
@@ -116,6 +119,7 @@ if [[ -x $ipc ]]; then
 fi
 
 iprc=0
+orc=0
 if [[ -x $build/bench/cuda_ipc_perf ]]; then
   echo "== all_reduce_perf over CUDA IPC (2 and 4 processes), nccl-tests' columns"
   timeout 300 "$build/bench/cuda_ipc_perf" -p 2,4 -b 8 -e 256M -f 4 -n 20 -w 5 \
@@ -129,6 +133,13 @@ if [[ -x $build/bench/cuda_ipc_perf ]]; then
       CUDA_MPS_PIPE_DIRECTORY=$mps_dir timeout 300 "$build/bench/cuda_ipc_perf" -p 2,4 -b 8 -e 512M -f 4 -n 20 -w 5 \
         ${KFT_GPU_CHECKS_IPC_JSON:+--json "$KFT_GPU_CHECKS_IPC_JSON"}
       iprc=$?
+      if [[ -x $build/bench/ddp_overlap_cuda ]]; then
+        echo "== the DDP reducer's hidden fraction over CUDA IPC under MPS (GPU backward: sleeping, then FMA)"
+        CUDA_MPS_PIPE_DIRECTORY=$mps_dir timeout 300 "$build/bench/ddp_overlap_cuda" -p 2,4 \
+          ${KFT_GPU_CHECKS_DDP_JSON:+--json "$KFT_GPU_CHECKS_DDP_JSON"} || orc=$?
+        CUDA_MPS_PIPE_DIRECTORY=$mps_dir timeout 300 "$build/bench/ddp_overlap_cuda" -p 2,4 --backward fma \
+          ${KFT_GPU_CHECKS_DDP_JSON:+--json "$KFT_GPU_CHECKS_DDP_JSON"} || orc=$?
+      fi
       echo quit | CUDA_MPS_PIPE_DIRECTORY=$mps_dir "$mps"
     else
       echo "MPS did not start: skipped"
@@ -138,5 +149,7 @@ if [[ -x $build/bench/cuda_ipc_perf ]]; then
 fi
 
 echo "run-gpu-checks: threads exit $rc, processes exit $prc, conformance exit $crc, ddp exit $drc, bench exit $brc," \
-  "kernels exit $krc, kernel bench exit $kbrc, cuda ipc exit $irc, ipc bench exit $iprc, $((SECONDS - start)) s"
-[[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $drc -eq 0 && $brc -eq 0 && $krc -eq 0 && $kbrc -eq 0 && $irc -eq 0 && $iprc -eq 0 ]]
+  "kernels exit $krc, kernel bench exit $kbrc, cuda ipc exit $irc, ipc bench exit $iprc, ddp overlap exit $orc," \
+  "$((SECONDS - start)) s"
+[[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $drc -eq 0 && $brc -eq 0 && $krc -eq 0 && $kbrc -eq 0 && $irc -eq 0 && $iprc -eq 0 &&
+  $orc -eq 0 ]]
