@@ -17,8 +17,12 @@
 #    as 2 nodes x 2) and the DDP reducer over it, then its all_reduce_perf (bench/cuda_ipc_perf), again
 #    under NVIDIA's MPS daemon when nvidia-cuda-mps-control is there (processes sharing a GPU
 #    then run together instead of time-sliced);
+#  - the trainer's device optimizer (cuda_sgd) against the host sgd (test_cuda_optim);
 #  - under MPS, the DDP reducer's hidden fraction over CUDA IPC with a GPU backward pass
-#    (bench/ddp_overlap_cuda, 2 and 4 processes; sleeping layers, then FMA-busy ones).
+#    (bench/ddp_overlap_cuda, 2 and 4 processes; sleeping layers, then FMA-busy ones), and the
+#    generic trainer on the GPU: examples/08-fashion-mnist-gpu (cuBLAS MLP) on 1 and 2 ranks
+#    over CUDA IPC, 3 epochs, required to reach 0.85 test accuracy (data: $KFT_FMNIST_DIR, else
+#    Debian's /usr/share/datasets/fashion-mnist; skipped, saying so, without it).
 #
 #   tests/gpu/run-gpu-checks.sh [BUILD_DIR]      (default: $KFT_BUILD_DIR, else build-gpu)
 #
@@ -49,6 +53,9 @@ fi
 [[ -x $build/bench/cuda_reduce_perf ]] || cmake --build "$build" --target cuda_reduce_perf -j "$(nproc)" || true
 [[ -x $build/bench/cuda_ipc_perf ]] || cmake --build "$build" --target cuda_ipc_perf -j "$(nproc)" || true
 [[ -x $build/bench/ddp_overlap_cuda ]] || cmake --build "$build" --target ddp_overlap_cuda -j "$(nproc)" || true
+[[ -x $build/tests/test_cuda_optim ]] || cmake --build "$build" --target test_cuda_optim -j "$(nproc)" || true
+[[ -x $build/examples/08-fashion-mnist-gpu && -x $build/tools/kftrun ]] ||
+  cmake --build "$build" --target 08-fashion-mnist-gpu kftrun -j "$(nproc)" || true
 
 start=$SECONDS
 echo "== test_nccl: ranks as threads"
@@ -111,6 +118,13 @@ if [[ -x $build/bench/cuda_reduce_perf ]]; then
   kbrc=$?
 fi
 
+orc_opt=0
+if [[ -x $build/tests/test_cuda_optim ]]; then
+  echo "== the trainer's device optimizer (cuda_sgd) against the host sgd"
+  timeout 120 "$build/tests/test_cuda_optim" --log_level=test_suite --report_level=short --color_output=false
+  orc_opt=$?
+fi
+
 irc=0
 if [[ -x $ipc ]]; then
   echo "== the CUDA IPC communicator between processes"
@@ -120,6 +134,7 @@ fi
 
 iprc=0
 orc=0
+trc=0
 if [[ -x $build/bench/cuda_ipc_perf ]]; then
   echo "== all_reduce_perf over CUDA IPC (2 and 4 processes), nccl-tests' columns"
   timeout 300 "$build/bench/cuda_ipc_perf" -p 2,4 -b 8 -e 256M -f 4 -n 20 -w 5 \
@@ -140,6 +155,19 @@ if [[ -x $build/bench/cuda_ipc_perf ]]; then
         CUDA_MPS_PIPE_DIRECTORY=$mps_dir timeout 300 "$build/bench/ddp_overlap_cuda" -p 2,4 --backward fma \
           ${KFT_GPU_CHECKS_DDP_JSON:+--json "$KFT_GPU_CHECKS_DDP_JSON"} || orc=$?
       fi
+      if [[ -x $build/examples/08-fashion-mnist-gpu && -x $build/tools/kftrun ]]; then
+        data=${KFT_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
+        if [[ -f $data/train-images-idx3-ubyte.gz ]]; then
+          for p in 1 2; do
+            echo "== the generic trainer on the GPU: Fashion-MNIST MLP (cuBLAS), $p rank(s) over CUDA IPC, under MPS"
+            CUDA_MPS_PIPE_DIRECTORY=$mps_dir timeout 300 "$build/tools/kftrun" --nproc-per-node $p -- \
+              "$build/examples/08-fashion-mnist-gpu" --data "$data" --epochs 3 --evals-per-epoch 1 --target 0.85 \
+              --require-target || trc=$?
+          done
+        else
+          echo "SKIP the GPU trainer on Fashion-MNIST: no $data/train-images-idx3-ubyte.gz (set KFT_FMNIST_DIR)"
+        fi
+      fi
       echo quit | CUDA_MPS_PIPE_DIRECTORY=$mps_dir "$mps"
     else
       echo "MPS did not start: skipped"
@@ -149,7 +177,7 @@ if [[ -x $build/bench/cuda_ipc_perf ]]; then
 fi
 
 echo "run-gpu-checks: threads exit $rc, processes exit $prc, conformance exit $crc, ddp exit $drc, bench exit $brc," \
-  "kernels exit $krc, kernel bench exit $kbrc, cuda ipc exit $irc, ipc bench exit $iprc, ddp overlap exit $orc," \
-  "$((SECONDS - start)) s"
-[[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $drc -eq 0 && $brc -eq 0 && $krc -eq 0 && $kbrc -eq 0 && $irc -eq 0 && $iprc -eq 0 &&
-  $orc -eq 0 ]]
+  "kernels exit $krc, kernel bench exit $kbrc, optimizer exit $orc_opt, cuda ipc exit $irc, ipc bench exit $iprc," \
+  "ddp overlap exit $orc, gpu trainer exit $trc, $((SECONDS - start)) s"
+[[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $drc -eq 0 && $brc -eq 0 && $krc -eq 0 && $kbrc -eq 0 && $orc_opt -eq 0 &&
+  $irc -eq 0 && $iprc -eq 0 && $orc -eq 0 && $trc -eq 0 ]]

@@ -76,10 +76,14 @@ struct bucket_memory<Group> {
     kft::detail::cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_), "cudaMemcpyAsync",
                             error_site::of("ddp rebuild"));
   }
+  // Host <-> device copies ordered after everything enqueued on the compute stream (the
+  // legacy stream's cudaMemcpy does not wait for a non-blocking stream), complete on return.
   void upload(void* dst, const void* host, std::size_t bytes) {
+    kft::detail::cuda_check(cudaStreamSynchronize(compute_), "cudaStreamSynchronize", error_site::of("ddp reducer"));
     kft::detail::cuda_check(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy", error_site::of("ddp reducer"));
   }
-  void download(void* host, const void* src, std::size_t bytes) {
+  void download(void* host, const void* src, std::size_t bytes) const {
+    kft::detail::cuda_check(cudaStreamSynchronize(compute_), "cudaStreamSynchronize", error_site::of("ddp reducer"));
     kft::detail::cuda_check(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy", error_site::of("ddp reducer"));
   }
   // Everything enqueued on the compute stream so far (the gradients) precedes what the comm

@@ -50,7 +50,7 @@ struct bucket_memory {
   void zero(void* p, std::size_t bytes) { std::memset(p, 0, bytes); }
   void copy(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
   void upload(void* dst, const void* host, std::size_t bytes) { std::memcpy(dst, host, bytes); }
-  void download(void* host, const void* src, std::size_t bytes) { std::memcpy(host, src, bytes); }
+  void download(void* host, const void* src, std::size_t bytes) const { std::memcpy(host, src, bytes); }
   void before_launch() {}
   void after_finish() {}
 };

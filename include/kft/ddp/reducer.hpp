@@ -150,6 +150,13 @@ class reducer {
     check_index(i, "gradient");
     return store_[bucket_of_[i]].data + offset_of_[i] * size_of(params_[i].type);
   }
+  /// @brief Copies `bytes` from the host into the reducer's kind of memory at `dst` (a
+  /// gradient, or any buffer of that kind) and back: memcpy for host groups; for device groups
+  /// a copy that first waits for everything enqueued on the compute stream and is complete
+  /// when it returns.
+  void upload(void* dst, const void* host, std::size_t bytes) { mem_.upload(dst, host, bytes); }
+  void download(void* host, const void* src, std::size_t bytes) const { mem_.download(host, src, bytes); }
+
   /// @brief Zeroes every gradient (before a step whose backward adds into them).
   void zero_grad() {
     for (auto& b : store_) mem_.zero(b.data, b.count * size_of(b.type));

@@ -226,14 +226,36 @@ struct fit_summary {
   std::uint64_t resumed_from = 0;  ///< the checkpoint's step (0: a fresh start)
 };
 
-template <model M, optimizer O, class Group = group::process_group>
+template <model M, optimizer O, class Group = group::process_group, class Control = Group>
 class trainer {
  public:
+  /// True when the gradients, parameters and optimizer live on a device (a GPU group: the
+  /// model's tensors are device memory, the optimizer a device one such as `cuda_sgd`).
+  static constexpr bool on_device = device_buffers_v<Group>;
+  static_assert(!device_buffers_v<Control>, "the trainer's control group carries host arrays: pass a host group");
+  static_assert(!on_device || requires(O& o) {
+    { o.end_step() } -> std::convertible_to<std::size_t>;
+  }, "a trainer over a device group needs a device optimizer (end_step(): e.g. kft::ddp::cuda_sgd, <kft/ddp/cuda_optim.cuh>)");
+
   /// @brief Collective: builds the reducer, resumes when asked, broadcasts rank 0's state and
   /// verifies the replicas.
   trainer(Group& g, M& m, O& opt, trainer_options o = {})
-      : g_(g), m_(m), opt_(opt), o_(std::move(o)), tensors_(m_.parameters()), rng_{o_.seed ^ 0x6B667472ull} {
+    requires(std::same_as<Group, Control>)
+      : trainer(g, g, m, opt, std::move(o)) {}
+
+  /// @brief The same over two groups: `g` carries the gradients (a device group: buckets in
+  /// device memory, the model's tensors on the device) and `control` the trainer's own small
+  /// host collectives (statistics, replica hashes, counters), e.g. the job's shared-memory
+  /// process group beside a CUDA IPC or NCCL communicator. Both span the same ranks.
+  trainer(Group& g, Control& control, M& m, O& opt, trainer_options o = {})
+      : g_(g), c_(control), m_(m), opt_(opt), o_(std::move(o)), tensors_(m_.parameters()), rng_{o_.seed ^ 0x6B667472ull} {
     if (tensors_.empty()) throw usage_error("trainer: the model has no parameters", site("ddp trainer"));
+    if (c_.size() != g_.size() || c_.rank() != g_.rank())
+      throw usage_error("trainer: the control group is rank " + std::to_string(c_.rank()) + " of " +
+                            std::to_string(c_.size()) + " but the gradient group rank " + std::to_string(g_.rank()) +
+                            " of " + std::to_string(g_.size()) + " (both must span the same ranks, in the same order)",
+                        site("ddp trainer"));
+    if constexpr (on_device) refuse_on_device();
     if (o_.batch == 0 || o_.accumulate == 0 || o_.eval_batch == 0)
       throw usage_error("trainer: batch, accumulate and eval_batch must be >= 1", site("ddp trainer"));
     const auto n = static_cast<std::uint64_t>(g_.size());
@@ -270,6 +292,8 @@ class trainer {
     }
     reducer_options ro = o_.reducer;
     if (o_.deterministic) ro.deterministic = true;
+    if constexpr (requires { m_.stream(); })  // a device model's stream: the gradients' order
+      if (ro.stream == nullptr) ro.stream = static_cast<void*>(m_.stream());
     if (!ro.trace) {  // KFT_TIMELINE=dir: the trainer's own timeline (buckets, comm, its compute spans)
       auto tl = std::make_unique<timeline>(timeline::from(environment::process(), g_.rank()));
       if (tl->on()) tl_ = std::move(tl);
@@ -307,7 +331,7 @@ class trainer {
   /// @brief A hash of every parameter's bits (equal models, equal values).
   std::uint64_t parameters_hash() const {
     std::uint64_t h = 0;
-    for (const auto& t : tensors_) h = hash64(t.value.data(), t.value.size_bytes(), h);
+    for (std::size_t i = 0; i < tensors_.size(); ++i) h = tensor_hash(i, h);
     return h;
   }
   /// @brief Exposed communication so far: seconds waiting in the reducer's finish().
@@ -316,6 +340,7 @@ class trainer {
   double optimizer_seconds() const noexcept { return opt_s_; }
   /// @brief The optimizer state this rank holds, in bytes (with ZeRO-1 about 1/N of the whole).
   std::size_t optimizer_state_bytes() {
+    if constexpr (requires { opt_.state_bytes(); }) return opt_.state_bytes();  // a device optimizer's
     std::size_t b = 0;
     for (const auto& buf : opt_.state().buffers)
       for (const auto& v : buf) b += v.size() * sizeof(float);
@@ -405,7 +430,7 @@ class trainer {
       }
       // The epoch's training statistics over every rank.
       double tot[3] = {es.loss_sum, static_cast<double>(es.correct), static_cast<double>(es.count)};
-      g_.allreduce(tot, tot, 3, dtype::f64, op_kind::sum, options{});
+      c_.allreduce(tot, tot, 3, dtype::f64, op_kind::sum, options{});
       const double train_s = seconds(te, clk::now()) - eval_s;
       if (!o_.eval_every || sum.evals.empty() || sum.evals.back().step != step_) {
         const auto t0 = clk::now();
@@ -423,7 +448,7 @@ class trainer {
     sum.exposed_comm_seconds = comm_s_;
     // The slowest rank's optimizer time: the step waits for it (with ZeRO-1 the shards differ).
     double opt_s = opt_s_;
-    g_.allreduce(&opt_s, &opt_s, 1, dtype::f64, op_kind::max, options{});
+    c_.allreduce(&opt_s, &opt_s, 1, dtype::f64, op_kind::max, options{});
     sum.optimizer_seconds = opt_s;
     if (!sum.evals.empty()) {
       sum.final_accuracy = sum.evals.back().accuracy;
@@ -456,13 +481,15 @@ class trainer {
       s += m_.evaluate(idx);
     }
     double tot[3] = {s.loss_sum, static_cast<double>(s.correct), static_cast<double>(s.count)};
-    g_.allreduce(tot, tot, 3, dtype::f64, op_kind::sum, options{});
+    c_.allreduce(tot, tot, 3, dtype::f64, op_kind::sum, options{});
     return {tot[0], static_cast<std::uint64_t>(tot[1]), static_cast<std::uint64_t>(tot[2])};
   }
 
   /// @brief Writes a checkpoint now (collective: the replicas are verified first; rank 0 writes).
   void save_checkpoint(bool epoch_done = false) {
     if (o_.checkpoint_dir.empty()) throw usage_error("trainer: no checkpoint_dir", site("ddp checkpoint"));
+    if constexpr (on_device)
+      throw usage_error("trainer: checkpoints of a device group's model are not available yet", site("ddp checkpoint"));
     verify_replicas("a checkpoint");
     // ZeRO-1: the whole optimizer state, gathered from the shards (collective), so the file is
     // the same as an unsharded run's and resumes on any number of ranks.
@@ -519,9 +546,9 @@ class trainer {
   void verify_replicas(const char* when) {
     const std::size_t p = tensors_.size();
     hashes_.resize(p);
-    for (std::size_t i = 0; i < p; ++i) hashes_[i] = hash64(tensors_[i].value.data(), tensors_[i].value.size_bytes());
+    for (std::size_t i = 0; i < p; ++i) hashes_[i] = tensor_hash(i, 0);
     all_hashes_.resize(p * static_cast<std::size_t>(g_.size()));
-    g_.allgather(hashes_.data(), all_hashes_.data(), p, dtype::i64, options{});
+    c_.allgather(hashes_.data(), all_hashes_.data(), p, dtype::i64, options{});
     for (std::size_t i = 0; i < p; ++i) {
       std::string differ;
       for (int r = 1; r < g_.size(); ++r)
@@ -621,7 +648,7 @@ class trainer {
       for (std::size_t m = 0; m < k; ++m) {
         const bool last = m + 1 == k;
         std::optional<typename reducer<Group, trainer_hook>::sync_guard> quiet;
-        if (!last) quiet.emplace(r.no_sync());
+        if (!last) (void)quiet.emplace(r.no_sync());  // (void): nvcc flags the discarded nodiscard reference
         for (std::size_t i = 0; i < tensors_.size(); ++i) views_[i] = r.template gradient<float>(i + 1);
         gradients gs(views_, m > 0, &on_ready, this);
         auto bs = [&] {
@@ -665,7 +692,7 @@ class trainer {
           bad ? "gradient of '" + tensors_[i].name + "' holds a NaN or an infinity (layer 1: the model's numbers)"
               : "gradient of '" + tensors_[i].name + "' reaches " + std::to_string(worst / scale) +
                     ", beyond deterministic mode's fixed-point range (lower trainer_options::fraction_bits)";
-      g_.abort(why);
+      abort_all(why);
       throw numerics_error(why, site("ddp step", step_ + 1));
     }
   }
@@ -674,6 +701,11 @@ class trainer {
   // buckets are summed, float ones averaged (averages of small integers: exact after x N and
   // rounding).
   void set_counts(std::uint64_t contributions, std::uint64_t bad) {
+    if constexpr (on_device) {  // f32 (deterministic mode and ZeRO are refused on devices)
+      const float c[2] = {static_cast<float>(contributions), static_cast<float>(bad)};
+      r_->upload(r_->gradient_data(0), c, sizeof c);
+      return;
+    }
     if (counts_type_ == dtype::i64) {
       auto c = r_->template gradient<std::int64_t>(0);
       c[0] = static_cast<std::int64_t>(contributions);
@@ -695,7 +727,11 @@ class trainer {
       return {static_cast<std::uint64_t>(c[0]), static_cast<std::uint64_t>(c[1])};
     }
     double c0 = 0, c1 = 0;
-    if (counts_type_ == dtype::f64) {
+    if constexpr (on_device) {
+      float c[2] = {0.0f, 0.0f};
+      r_->download(c, r_->gradient_data(0), sizeof c);
+      c0 = c[0], c1 = c[1];
+    } else if (counts_type_ == dtype::f64) {
       auto c = r_->template gradient<double>(0);
       c0 = c[0], c1 = c[1];
     } else {
@@ -734,6 +770,10 @@ class trainer {
       std::uint32_t bad = 0;
       if (o_.deterministic) {
         for (float v : local_[i]) bad |= detail::not_finite(v);
+      } else if constexpr (on_device) {
+        scratch_.resize(tensors_[i].value.size());
+        r_->download(scratch_.data(), r_->gradient_data(i + 1), scratch_.size() * sizeof(float));
+        for (float v : scratch_) bad |= detail::not_finite(v);
       } else {
         for (float v : r_->template gradient<float>(i + 1)) bad |= detail::not_finite(v);
       }
@@ -764,6 +804,10 @@ class trainer {
       for (std::size_t i = 0; i < tensors_.size(); ++i)
         if (!opt_.step(i, tensors_[i].value, r_->template gradient<float>(i + 1), scale) && bad == tensors_.size())
           bad = i;
+    }
+    if constexpr (requires { opt_.end_step(); }) {  // a device optimizer: its kernels' verdict (waits for them)
+      const std::size_t first = opt_.end_step();
+      if (first < bad) bad = first;
     }
     opt_s_ += seconds(t0, clk::now());
     if (bad != tensors_.size())
@@ -832,7 +876,7 @@ class trainer {
                               std::to_string(pc.offset + pc.count - 1) + ", this rank's ZeRO shard) holds a NaN or an " +
                               "infinity in step " + std::to_string(step_ + 1) +
                               " although every rank's loss was finite (layer 1: the model's backward pass)";
-      g_.abort(why);
+      abort_all(why);
       throw numerics_error(why, site("ddp step", step_ + 1));
     }
     gather_slices([&](const piece& pc) { return tensors_[pc.param].value.subspan(pc.offset, pc.count); },
@@ -862,6 +906,36 @@ class trainer {
     }
   }
 
+  // Parameter i's bits hashed (device tensors are copied to the host first).
+  std::uint64_t tensor_hash(std::size_t i, std::uint64_t seed) const {
+    const auto& v = tensors_[i].value;
+    if constexpr (on_device) {
+      scratch_.resize(v.size());
+      r_->download(scratch_.data(), v.data(), v.size_bytes());
+      return hash64(scratch_.data(), v.size_bytes(), seed);
+    } else {
+      return hash64(v.data(), v.size_bytes(), seed);
+    }
+  }
+
+  // What the device path does not have yet, refused by name before anything is built.
+  void refuse_on_device() const {
+    auto refuse = [&](const std::string& what) {
+      throw usage_error("trainer over a device group: " + what + " is not available on device buffers yet",
+                        site("ddp trainer"));
+    };
+    if (o_.deterministic) refuse("deterministic mode (trainer_options::deterministic)");
+    if (o_.zero_stage) refuse("ZeRO stage 1 (trainer_options::zero_stage)");
+    if (!o_.checkpoint_dir.empty() || o_.resume) refuse("checkpointing (trainer_options::checkpoint_dir / resume)");
+    if (o_.reducer.find_unused_parameters) refuse("reducer_options::find_unused_parameters");
+  }
+
+  // Stops every rank: the gradient group, and the control group when it is another one.
+  void abort_all(const std::string& why) {
+    g_.abort(why);
+    if constexpr (!std::same_as<Group, Control>) c_.abort(why);
+  }
+
   void after_step() {
     if (o_.verify_every && step_ % o_.verify_every == 0) verify_replicas("a periodic check");
   }
@@ -870,11 +944,11 @@ class trainer {
     for (auto& t : tensors_) g_.broadcast(t.value.data(), t.value.data(), t.value.size(), dtype::f32, 0, options{});
     auto& st = opt_.state();
     std::uint64_t steps = st.steps;
-    g_.broadcast(&steps, &steps, 1, dtype::i64, 0, options{});
+    c_.broadcast(&steps, &steps, 1, dtype::i64, 0, options{});
     st.steps = steps;
     if (o_.zero_stage) return;  // each rank holds (and loaded) its own shard
-    for (auto& b : st.buffers)
-      for (auto& v : b) g_.broadcast(v.data(), v.data(), v.size(), dtype::f32, 0, options{});
+    for (auto& b : st.buffers)  // host state (a device optimizer keeps its own, zero at the start)
+      for (auto& v : b) c_.broadcast(v.data(), v.data(), v.size(), dtype::f32, 0, options{});
   }
 
   // Rank 0 picks the newest valid checkpoint and broadcasts its bytes; every rank loads them
@@ -900,15 +974,15 @@ class trainer {
       }
       for (const auto& s : skipped) note("skipped " + s);
     }
-    g_.broadcast(head, head, 2, dtype::i64, 0, options{});
+    c_.broadcast(head, head, 2, dtype::i64, 0, options{});
     if (head[0] == 0) return;
     bytes.resize(static_cast<std::size_t>(head[1]));
-    g_.broadcast(bytes.data(), bytes.data(), bytes.size(), dtype::u8, 0, options{});
+    c_.broadcast(bytes.data(), bytes.data(), bytes.size(), dtype::u8, 0, options{});
     const std::string what = (o_.checkpoint_dir / checkpoint_name(head[0] - 1)).string();
     checkpoint_reader c(std::move(bytes), what);
     std::uint64_t mine[2] = {c.checksum(), c.get_u64("step")};
     std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(g_.size()));
-    g_.allgather(mine, all.data(), 2, dtype::i64, options{});
+    c_.allgather(mine, all.data(), 2, dtype::i64, options{});
     for (int r = 1; r < g_.size(); ++r)
       if (all[2 * static_cast<std::size_t>(r)] != all[0] || all[2 * static_cast<std::size_t>(r) + 1] != all[1])
         throw desync_error("rank " + std::to_string(r) + " loaded another checkpoint than rank 0 (" + what + ")",
@@ -1083,6 +1157,7 @@ class trainer {
 
  private:
   Group& g_;
+  Control& c_;
   M& m_;
   O& opt_;
   trainer_options o_;
@@ -1104,6 +1179,7 @@ class trainer {
   std::vector<piece> pieces_;        // ZeRO-1: this rank's shard
   std::vector<std::size_t> piece_sizes_;
   std::vector<float> staging_;       // ZeRO-1: one bucket, for the allgathers
+  mutable std::vector<float> scratch_;  // device groups: a tensor copied to the host (hashes, checks)
   bool first_micro_ = false, last_micro_ = false, local_bad_ = false, tty_ = false;
   clk::time_point last_draw_{};
   std::FILE* log_ = nullptr;
