@@ -29,30 +29,7 @@
 
 #include "idx.hpp"
 #include "mlp.hpp"
-
-namespace {
-
-std::vector<int> parse_widths(const std::string& hidden) {
-  std::vector<int> w;
-  std::stringstream ss(hidden);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
-    std::size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != part.size() || v < 1 || v > 65536)
-      throw CLI::ValidationError("--hidden", "\"" + hidden + "\": expected widths like 256,128 (each 1..65536)");
-    w.push_back(v);
-  }
-  if (w.empty()) throw CLI::ValidationError("--hidden", "no hidden layer given");
-  return w;
-}
-
-}  // namespace
+#include "widths.hpp"
 
 namespace {
 
@@ -138,7 +115,7 @@ int run(int argc, char** argv) {
   try {
     if (to.resume && ckpt_dir.empty()) throw CLI::ValidationError("--resume", "needs --checkpoint-dir");
     std::vector<int> widths{784};
-    for (int w : parse_widths(hidden)) widths.push_back(w);
+    for (int w : fmnist::parse_widths(hidden)) widths.push_back(w);
     widths.push_back(10);
 
     const kft::world_info me = kft::discover();

@@ -40,30 +40,12 @@
 #include "idx.hpp"
 #include "mlp.hpp"  // fmnist::synthetic
 #include "mlp_cuda.cuh"
+#include "widths.hpp"
 
 namespace {
 
 constexpr const char* program = "08-fashion-mnist-gpu";
 
-std::vector<int> parse_widths(const std::string& hidden) {
-  std::vector<int> w;
-  std::stringstream ss(hidden);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
-    std::size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != part.size() || v < 1 || v > 65536)
-      throw CLI::ValidationError("--hidden", "\"" + hidden + "\": expected widths like 256,128 (each 1..65536)");
-    w.push_back(v);
-  }
-  if (w.empty()) throw CLI::ValidationError("--hidden", "no hidden layer given");
-  return w;
-}
 
 // The compute stream (non-blocking: it does not wait for the legacy default stream).
 class cuda_stream {
@@ -115,7 +97,7 @@ int run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     std::vector<int> widths{784};
-    for (int w : parse_widths(hidden)) widths.push_back(w);
+    for (int w : fmnist::parse_widths(hidden)) widths.push_back(w);
     widths.push_back(10);
 
     int devices = 0;
