@@ -979,6 +979,7 @@ void bench<C>::print_header() {
                 shm_cfg_->small_bytes, shm_cfg_->copy_streaming_bytes, avg_names[a_.average], a_.average,
                 tuning && *tuning ? "KFT_SHM_TUNING=" : "kft's defaults (include/kft/transport/shm/tuning.hpp)",
                 tuning && *tuning ? tuning : "");
+    std::printf("# kft: %s\n", be_.describe().c_str());  // its pages among the rest
   }
   else
     std::printf("# kft: %d ranks, backend %s, algo %s, time = %s average call (-a %d)\n", n_, be_.name().c_str(),

@@ -343,6 +343,20 @@ BOOST_AUTO_TEST_CASE(shm_ranks_progress_threads_take_one_cpu_each_unless_told_no
         const std::string m = e.what();
         return m.find("KFT_PROGRESS_AFFINITY") != std::string::npos && m.find("cores") != std::string::npos;
       });
+  // KFT_SHM_HUGE_PAGES: auto (the default), 1, 0; anything else is refused by name.
+  BOOST_TEST(kft::group::shm_config(kft::environment(kft::environment::map_type{})).huge_pages == -1);
+  BOOST_TEST(kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_SHM_HUGE_PAGES", "1"}}))
+                 .huge_pages == 1);
+  BOOST_TEST(kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_SHM_HUGE_PAGES", "0"}}))
+                 .huge_pages == 0);
+  BOOST_TEST(kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_SHM_HUGE_PAGES", "auto"}}))
+                 .huge_pages == -1);
+  BOOST_CHECK_EXCEPTION(
+      kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_SHM_HUGE_PAGES", "yes"}})),
+      kft::config_error, [](const kft::config_error& e) {
+        const std::string m = e.what();
+        return m.find("KFT_SHM_HUGE_PAGES") != std::string::npos && m.find("yes") != std::string::npos;
+      });
   for (const bool bind : {true, false}) {
     auto store = std::make_shared<kft::rendezvous::memory_store>();
     std::vector<int> cpu(2, -2);

@@ -181,7 +181,69 @@ void reduce_copy_case(dtype t) {
           }
 }
 
+// reduce_all: every destination gets the reference's bits, for 1-5 destinations, every shared
+// alignment (streaming starts at the first 16-byte boundary), and destinations whose alignments
+// differ (then nothing streams); nothing is written outside any destination.
+template <class T>
+void reduce_all_case(dtype t) {
+  std::mt19937 g(9);
+  for (int n : {1, 3, 4})
+    for (op_kind op : all_ops)
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{129}, std::size_t{4099}})
+        for (int ndst : {1, 2, 5})
+          for (std::size_t shift : {std::size_t{0}, std::size_t{3}, std::size_t{8}, std::size_t{15}})
+            for (int mode : {0, 1, 2}) {  // cached; streamed; streamed asked, alignments differ
+              auto in = random_inputs<T>(g, n, count, op);
+              std::vector<const void*> srcs;
+              for (auto& v : in) srcs.push_back(v.data());
+              std::vector<std::vector<unsigned char>> raw(static_cast<std::size_t>(ndst),
+                                                          std::vector<unsigned char>(count * sizeof(T) + 48, 0xee));
+              std::vector<void*> dsts;
+              for (int j = 0; j < ndst; ++j) {
+                auto& r = raw[static_cast<std::size_t>(j)];
+                const std::size_t sh = shift + (mode == 2 && j == ndst - 1 ? 1 : 0);
+                dsts.push_back(r.data() + (16 - (reinterpret_cast<std::uintptr_t>(r.data()) & 15)) + sh);
+              }
+              kft::kernels::reduce_all(dsts.data(), ndst, mode > 0, srcs.data(), n, count, t, op, n);
+              kft::kernels::stream_fence();
+              const auto want = reference(in, op, n);
+              BOOST_TEST_CONTEXT(kft::name(t) << " n=" << n << " op=" << static_cast<int>(op) << " count=" << count
+                                              << " ndst=" << ndst << " shift=" << shift << " mode=" << mode) {
+                for (void* d : dsts) {
+                  std::vector<T> got(count);
+                  if (count) std::memcpy(got.data(), d, count * sizeof(T));
+                  BOOST_TEST(same_bits(got, want));
+                  auto* b = static_cast<unsigned char*>(d);
+                  BOOST_TEST(b[count * sizeof(T)] == 0xee);
+                  BOOST_TEST(b[-1] == 0xee);
+                }
+              }
+            }
+}
+
 }  // namespace
+
+BOOST_AUTO_TEST_CASE(reduce_all_writes_every_destination) {
+  reduce_all_case<float>(dtype::f32);
+  reduce_all_case<double>(dtype::f64);
+  reduce_all_case<std::int32_t>(dtype::i32);
+  reduce_all_case<std::int64_t>(dtype::i64);
+  reduce_all_case<std::uint8_t>(dtype::u8);
+  // 16-bit formats reduce into the first, then copy: the same bits everywhere.
+  std::vector<std::uint16_t> x(1001), y(1001);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = kft::bfloat16::from_float(static_cast<float>(i) * 0.25f);
+    y[i] = kft::bfloat16::from_float(-0.75f);
+  }
+  const void* srcs[] = {x.data(), y.data()};
+  std::vector<std::uint16_t> a(x.size()), b(x.size()), c(x.size());
+  void* dsts[] = {a.data(), b.data(), c.data()};
+  kft::kernels::reduce_all(dsts, 3, true, srcs, 2, x.size(), dtype::bf16, op_kind::avg, 2);
+  kft::kernels::stream_fence();
+  BOOST_TEST(same_bits(a, reference16<kft::bfloat16>({x, y}, op_kind::avg, 2)));
+  BOOST_TEST(same_bits(b, a));
+  BOOST_TEST(same_bits(c, a));
+}
 
 BOOST_AUTO_TEST_CASE(reduce_copy_writes_both_destinations) {
   reduce_copy_case<float>(dtype::f32);

@@ -15,6 +15,10 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <kft/rendezvous/memory_store.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
@@ -228,6 +232,78 @@ BOOST_AUTO_TEST_CASE(direct_allreduce_with_claimed_blocks) {
   BOOST_CHECK_EXCEPTION(shm::communicator(std::make_shared<kft::rendezvous::memory_store>(), 0, 1, bad),
                         kft::usage_error, [](const kft::usage_error& e) {
                           return std::string(e.what()).find("claim_blocks") != std::string::npos;
+                        });
+}
+
+// Huge pages (config::huge_pages): whether this kernel can turn shared memory into 2 MiB pages
+// is probed here on a memfd of the test's own (fallocate + MADV_COLLAPSE, as the segment does);
+// where it can, every rank's whole region must be in 2 MiB pages, where it cannot, the report
+// must say why. Either way results are exact, off means no huge pages, and a bad value is refused.
+namespace {
+bool kernel_collapses_shared_memory(std::string& why) {
+  constexpr std::size_t two = std::size_t{2} << 20;
+  const int fd = ::memfd_create("kft-test-thp", MFD_CLOEXEC);
+  if (fd < 0) return why = "memfd_create failed", false;
+  bool ok = false;
+  if (::ftruncate(fd, static_cast<off_t>(two)) == 0 && ::fallocate(fd, 0, 0, static_cast<off_t>(two)) == 0) {
+    void* r = ::mmap(nullptr, 2 * two, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    const auto at = (reinterpret_cast<std::uintptr_t>(r) + two - 1) / two * two;
+    void* m = ::mmap(reinterpret_cast<void*>(at), two, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    ok = m != MAP_FAILED && ::madvise(m, two, 25 /* MADV_COLLAPSE */) == 0;
+    if (!ok) why = std::string("MADV_COLLAPSE: ") + std::strerror(errno);
+    ::munmap(r, 2 * two);
+  } else {
+    why = std::string("fallocate: ") + std::strerror(errno);
+  }
+  ::close(fd);
+  return ok;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(huge_pages_back_every_region_or_say_why) {
+  std::string probe_why;
+  const bool can = kernel_collapses_shared_memory(probe_why);
+  BOOST_TEST_MESSAGE("this kernel " << (can ? "collapses shared memory into 2 MiB pages" : "refuses: " + probe_why));
+  for (int huge : {1, 0, -1}) {
+    auto cfg = small_config("huge" + std::to_string(huge + 1));
+    cfg.huge_pages = huge;
+    cfg.pool_bytes = 5u << 20;  // below huge_pages_from_bytes: -1 means none here
+    std::vector<shm::communicator::huge_page_report> got(3);
+    with_ranks(
+        3, cfg.name,
+        [&](shm::communicator& comm) {
+          got[static_cast<std::size_t>(comm.rank())] = comm.huge_pages();
+          const std::size_t n = (2u << 20) / 4 + 3;  // the direct path, streamed, across 2 MiB pages
+          auto a = comm.allocate<float>(n);
+          auto o = comm.allocate<float>(n);
+          for (std::size_t i = 0; i < n; ++i) a[i] = static_cast<float>(comm.rank() + 1) * static_cast<float>(i % 7);
+          std::fill(o.begin(), o.end(), -1.0f);
+          comm.allreduce(std::span<const float>(a), o, kft::ops::sum);
+          comm.allreduce(a, kft::ops::sum);
+          for (std::size_t i = 0; i < n; ++i)
+            if (o[i] != 6.0f * static_cast<float>(i % 7) || a[i] != o[i])
+              throw std::runtime_error("huge_pages=" + std::to_string(huge) + ": wrong at " + std::to_string(i));
+        },
+        cfg);
+    for (const auto& h : got) {
+      BOOST_TEST_CONTEXT("huge_pages=" << huge) {
+        if (huge == 1) {
+          BOOST_TEST(h.region_bytes > 0u);
+          BOOST_TEST(h.region_bytes % (2u << 20) == 0u);
+          if (can) BOOST_TEST(h.bytes == h.region_bytes, h.why);
+          else BOOST_TEST(!h.why.empty());
+        } else {
+          BOOST_TEST(h.bytes == 0u);
+          BOOST_TEST(h.region_bytes == 0u);
+        }
+      }
+    }
+  }
+  auto bad = small_config("hugebad");
+  bad.huge_pages = 2;
+  BOOST_CHECK_EXCEPTION(shm::communicator(std::make_shared<kft::rendezvous::memory_store>(), 0, 1, bad),
+                        kft::usage_error, [](const kft::usage_error& e) {
+                          return std::string(e.what()).find("huge_pages") != std::string::npos;
                         });
 }
 

@@ -31,7 +31,8 @@ namespace group {
 /// written by `bench/tune_shm.py`: `shm::parse_tuning`; its crossover rows go before base's),
 /// then `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES` and `KFT_SHM_STREAMING_BYTES` applied
 /// (like NCCL_BUFFSIZE: buffers resized without recompiling; all ranks must see the same values,
-/// which the segment header checks), and `KFT_PROGRESS_AFFINITY` (`auto`: the progress thread
+/// which the segment header checks), `KFT_SHM_HUGE_PAGES` (`auto`, `1`, `0`: config::huge_pages),
+/// and `KFT_PROGRESS_AFFINITY` (`auto`: the progress thread
 /// bound to the local rank's CPU, the default; `none`: left to the scheduler).
 /// @throws config_error naming a malformed or out-of-range variable, an unreadable tuning file,
 /// or the line of the file at fault
@@ -63,6 +64,14 @@ inline shm::config shm_config(const environment& env, shm::config base = {}) {
   if (auto v = env_int(env, "KFT_SHM_STREAMING_BYTES", 0, 1 << 30, ctx)) base.streaming_bytes = static_cast<std::size_t>(*v);
   if (auto v = env_int(env, "KFT_SHM_COPY_STREAMING_BYTES", 0, std::numeric_limits<int>::max(), ctx))
     base.copy_streaming_bytes = static_cast<std::size_t>(*v);
+  if (auto v = env.get("KFT_SHM_HUGE_PAGES"); v && !v->empty()) {
+    if (*v != "auto" && *v != "0" && *v != "1")
+      throw config_error("KFT_SHM_HUGE_PAGES", *v,
+                         "is not 'auto' (2 MiB pages when the zero-copy pool is 8 MiB or more), '1' (always) or "
+                         "'0' (never)",
+                         error_site::of(std::string(ctx)));
+    base.huge_pages = *v == "auto" ? -1 : (*v == "1" ? 1 : 0);
+  }
   if (auto v = env.get("KFT_PROGRESS_AFFINITY"); v && !v->empty()) {
     if (*v != "auto" && *v != "none")
       throw config_error("KFT_PROGRESS_AFFINITY", *v,

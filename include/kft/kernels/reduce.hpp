@@ -159,6 +159,99 @@ void reduce_native(void* dst_v, void* dst2_v, bool stream2, const void* const* s
   scalar(i, count);
 }
 
+// Built-in element types into several outputs at once: each register-wide result is written to
+// every output (with `stream`, non-temporal stores where every output shares one 16-byte
+// alignment), so a reduction that every rank needs goes from the inputs to all outputs in one
+// pass, with no private copy read back. Same order of operations as reduce_native: same bits.
+template <class T, op_kind Op>
+void reduce_native_all(void* const* dsts, int ndst, bool stream, const void* const* srcs, int n, std::size_t count,
+                       int divisor) {
+  typedef T vec __attribute__((vector_size(vector_bytes)));
+  constexpr std::size_t W = vector_bytes / sizeof(T);
+  constexpr std::size_t VB = sizeof(vec);
+  const void* const s0 = srcs[0];
+  const T d = static_cast<T>(divisor);
+  std::size_t head = 0;
+#if defined(__SSE2__)
+  if (stream) {
+    const std::size_t mis = reinterpret_cast<std::uintptr_t>(dsts[0]) & 15;
+    for (int j = 1; j < ndst; ++j)
+      if ((reinterpret_cast<std::uintptr_t>(dsts[j]) & 15) != mis) stream = false;
+    if (mis % sizeof(T) != 0) stream = false;
+    if (stream) head = std::min(count, ((16 - mis) & 15) / sizeof(T));
+  }
+#else
+  stream = false;
+#endif
+  const auto ld = [](const void* p, std::size_t o) {
+    vec v;
+    std::memcpy(&v, static_cast<const unsigned char*>(p) + o, VB);
+    return v;
+  };
+  const auto combine = [](vec a, vec b) -> vec {
+    if constexpr (Op == op_kind::sum || Op == op_kind::avg) return a + b;
+    else if constexpr (Op == op_kind::prod) return a * b;
+    else if constexpr (Op == op_kind::min) return b < a ? b : a;
+    else return a < b ? b : a;
+  };
+  const auto store = [&](unsigned char* into, const vec& v) {
+#if defined(__SSE2__)
+    if (stream) {
+      for (std::size_t b = 0; b < VB; b += 16) {
+        __m128i x;
+        std::memcpy(&x, reinterpret_cast<const unsigned char*>(&v) + b, 16);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(into + b), x);
+      }
+      return;
+    }
+#endif
+    std::memcpy(into, &v, VB);
+  };
+  const auto scalar = [&](std::size_t from, std::size_t to) {
+    for (std::size_t i = from; i < to; ++i) {
+      const std::size_t o = i * sizeof(T);
+      T a = load<T>(s0, o);
+      for (int k = 1; k < n; ++k) a = apply<T, Op>(a, load<T>(srcs[k], o));
+      if constexpr (Op == op_kind::avg) a = static_cast<T>(a / d);
+      for (int j = 0; j < ndst; ++j) std::memcpy(static_cast<unsigned char*>(dsts[j]) + o, &a, sizeof(T));
+    }
+  };
+  scalar(0, head);
+  std::size_t i = head;
+  for (; i + 4 * W <= count; i += 4 * W) {
+    const std::size_t o = i * sizeof(T);
+    vec a0 = ld(s0, o), a1 = ld(s0, o + VB), a2 = ld(s0, o + 2 * VB), a3 = ld(s0, o + 3 * VB);
+    for (int k = 1; k < n; ++k) {
+      const void* s = srcs[k];
+      a0 = combine(a0, ld(s, o));
+      a1 = combine(a1, ld(s, o + VB));
+      a2 = combine(a2, ld(s, o + 2 * VB));
+      a3 = combine(a3, ld(s, o + 3 * VB));
+    }
+    if constexpr (Op == op_kind::avg) {
+      a0 = a0 / d;
+      a1 = a1 / d;
+      a2 = a2 / d;
+      a3 = a3 / d;
+    }
+    for (int j = 0; j < ndst; ++j) {
+      auto* into = static_cast<unsigned char*>(dsts[j]) + o;
+      store(into, a0);
+      store(into + VB, a1);
+      store(into + 2 * VB, a2);
+      store(into + 3 * VB, a3);
+    }
+  }
+  for (; i + W <= count; i += W) {
+    const std::size_t o = i * sizeof(T);
+    vec a = ld(s0, o);
+    for (int k = 1; k < n; ++k) a = combine(a, ld(srcs[k], o));
+    if constexpr (Op == op_kind::avg) a = a / d;
+    for (int j = 0; j < ndst; ++j) store(static_cast<unsigned char*>(dsts[j]) + o, a);
+  }
+  scalar(i, count);
+}
+
 // 16-bit floats in register-wide vectors, with no conversion instruction needed (plain SSE2/NEON
 // integer and float lane operations): a 32-bit lane holds two adjacent elements (little-endian:
 // element 2j in the low half). Each is widened to float exactly, the inputs are reduced in float in
@@ -268,6 +361,20 @@ void reduce_typed(void* dst, void* dst2, bool stream2, const void* const* srcs, 
   }
 }
 
+template <op_kind Op>
+void reduce_all_typed(void* const* dsts, int ndst, bool stream, const void* const* srcs, int n, std::size_t count,
+                      dtype t, int divisor) {
+  switch (t) {
+    case dtype::f32: return reduce_native_all<float, Op>(dsts, ndst, stream, srcs, n, count, divisor);
+    case dtype::f64: return reduce_native_all<double, Op>(dsts, ndst, stream, srcs, n, count, divisor);
+    case dtype::i32: return reduce_native_all<std::int32_t, Op>(dsts, ndst, stream, srcs, n, count, divisor);
+    case dtype::i64: return reduce_native_all<std::int64_t, Op>(dsts, ndst, stream, srcs, n, count, divisor);
+    case dtype::u8: return reduce_native_all<std::uint8_t, Op>(dsts, ndst, stream, srcs, n, count, divisor);
+    case dtype::f16:
+    case dtype::bf16: break;  // reduce_all: reduce + copies
+  }
+}
+
 }  // namespace detail
 
 /// @brief Copies `bytes`; with `streaming`, large aligned spans are written with non-temporal
@@ -348,6 +455,28 @@ inline void reduce_copy(void* dst, void* dst2, bool streaming, const void* const
     return;
   }
   detail::reduce_dispatch(dst, dst2, streaming, srcs, n, count, t, op, divisor, streaming && streaming_first);
+}
+
+/// @brief `reduce` into every one of `dsts[0..ndst)` in one pass over the inputs: each result
+/// vector is stored into every output (with `streaming`, non-temporal stores where the outputs
+/// share one 16-byte alignment; callers fence, `stream_fence`, before publishing). The direct
+/// zero-copy allreduce writes every rank's output this way. 16-bit formats reduce into `dsts[0]`,
+/// then copy. Every output gets `reduce`'s bits.
+inline void reduce_all(void* const* dsts, int ndst, bool streaming, const void* const* srcs, int n, std::size_t count,
+                       dtype t, op_kind op, int divisor) {
+  if (count == 0 || ndst <= 0) return;
+  if ((n == 1 && op != op_kind::avg) || t == dtype::f16 || t == dtype::bf16) {
+    reduce(dsts[0], srcs, n, count, t, op, divisor);
+    for (int j = 1; j < ndst; ++j) copy(dsts[j], dsts[0], count * size_of(t), streaming);
+    return;
+  }
+  switch (op) {
+    case op_kind::sum: return detail::reduce_all_typed<op_kind::sum>(dsts, ndst, streaming, srcs, n, count, t, divisor);
+    case op_kind::prod: return detail::reduce_all_typed<op_kind::prod>(dsts, ndst, streaming, srcs, n, count, t, divisor);
+    case op_kind::min: return detail::reduce_all_typed<op_kind::min>(dsts, ndst, streaming, srcs, n, count, t, divisor);
+    case op_kind::max: return detail::reduce_all_typed<op_kind::max>(dsts, ndst, streaming, srcs, n, count, t, divisor);
+    case op_kind::avg: return detail::reduce_all_typed<op_kind::avg>(dsts, ndst, streaming, srcs, n, count, t, divisor);
+  }
 }
 
 }  // namespace kernels

@@ -107,7 +107,10 @@ class layout {
     std::string s = std::to_string(nodes()) + (nodes() == 1 ? " node" : " nodes");
     if (uniform()) return s + " x " + std::to_string(members_[0].size()) + (members_[0].size() == 1 ? " rank" : " ranks");
     s += ", uneven: ";
-    for (std::size_t n = 0; n < members_.size(); ++n) s += (n ? "+" : "") + std::to_string(members_[n].size());
+    for (std::size_t n = 0; n < members_.size(); ++n) {
+      if (n) s += '+';  // (not `(n ? "+" : "") + to_string(...)`: GCC 12 -O3 warns -Wrestrict on it)
+      s += std::to_string(members_[n].size());
+    }
     return s;
   }
 

@@ -47,22 +47,27 @@ inline void allreduce_direct(state& s, const state::call& k, std::uint64_t in_of
       kernels::reduce_copy(out_of(s.me), out_of(next), stream, s.srcs.data(), s.p, n, t, op, s.p, stream);
       return;
     }
-    // Blocks small enough to stay in the core's cache between the reduction and the copies into
-    // the others' outputs.
+    if (stream) {
+      // One pass: every result vector streamed into every output (mine first, then the
+      // others'), nothing kept or read back. It replaced reducing 32 KiB blocks into private
+      // scratch and streaming copies of it (4 ranks on 2 vCPUs, 256 MiB: 47-56 -> 33-36 ms of
+      // kernel time a call, memcpy of the same bytes 34-42; docs/performance.md).
+      for (int r = 0; r < s.p; ++r) {
+        s.srcs[static_cast<std::size_t>(r)] = in_of(r);
+        s.dsts[static_cast<std::size_t>(r)] = out_of((s.me + r) % s.p);
+      }
+      kernels::reduce_all(s.dsts.data(), s.p, true, s.srcs.data(), s.p, n, t, op, s.p);
+      return;
+    }
+    // In place, or below streaming_bytes: blocks small enough to stay in the core's cache between the reduction into my
+    // output and the copies into the others' (the lines just read and written are cached).
     const std::size_t block = std::max<std::size_t>(1, state::direct_block_bytes / es);
-    auto* scratch = s.direct_scratch.data() +
-                    ((64 - reinterpret_cast<std::uintptr_t>(s.direct_scratch.data()) % 64) % 64);
     for (std::size_t b = 0; b < n; b += block) {
       const std::size_t m = std::min(block, n - b);
       for (int r = 0; r < s.p; ++r) s.srcs[static_cast<std::size_t>(r)] = in_of(r) + b * es;
-      if (stream) {  // reduce into private scratch (cached), stream it into every output
-        kernels::reduce_copy(scratch, out_of(s.me) + b * es, true, s.srcs.data(), s.p, m, t, op, s.p);
-        for (int r = next; r != s.me; r = (r + 1) % s.p) kernels::copy(out_of(r) + b * es, scratch, m * es, true);
-      } else {
-        kernels::reduce_copy(out_of(s.me) + b * es, out_of(next) + b * es, false, s.srcs.data(), s.p, m, t, op, s.p);
-        for (int r = (next + 1) % s.p; r != s.me; r = (r + 1) % s.p)
-          std::memcpy(out_of(r) + b * es, out_of(s.me) + b * es, m * es);
-      }
+      kernels::reduce_copy(out_of(s.me) + b * es, out_of(next) + b * es, false, s.srcs.data(), s.p, m, t, op, s.p);
+      for (int r = (next + 1) % s.p; r != s.me; r = (r + 1) % s.p)
+        std::memcpy(out_of(r) + b * es, out_of(s.me) + b * es, m * es);
     }
   };
   if (s.claims && s.p > 2 && count * es >= s.cfg.claim_from_bytes) {

@@ -152,6 +152,17 @@ class communicator : public typed_collectives<communicator> {
   /// claim blocks (`config::claim_blocks`); 0 where every call used fixed slices.
   std::uint64_t claimed_blocks() const noexcept { return s_->claimed.load(std::memory_order_relaxed); }
 
+  /// @brief What `config::huge_pages` gave this rank: the bytes of its region of the segment
+  /// (mailboxes, staging, its part of the pool) in 2 MiB pages, out of `region_bytes`; `why`
+  /// says what the kernel refused when not all of it (empty when huge pages were not asked for).
+  struct huge_page_report {
+    std::size_t bytes = 0, region_bytes = 0;
+    std::string why;
+  };
+  huge_page_report huge_pages() const {
+    return {s_->huge_bytes, s_->huge ? s_->region_bytes : 0, s_->huge_note};
+  }
+
   /// @brief What algo::automatic runs for this collective and message size; `zero_copy` says
   /// the input is a buffer from `allocate()` (no copy-in, which moves the crossovers).
   algo choose(collective c, std::size_t bytes, bool zero_copy = false) const { return s_->choose(c, bytes, zero_copy); }

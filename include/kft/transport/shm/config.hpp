@@ -67,6 +67,15 @@ struct config {
   /// -1 (default) when the node's ranks outnumber its online CPUs, 0 never, 1 always.
   std::size_t claim_from_bytes = 16u << 20;
   int claim_blocks = -1;
+  /// Back each rank's region of the segment with 2 MiB pages (Linux >= 6.1 `MADV_COLLAPSE`, which
+  /// works whatever `/sys/kernel/mm/transparent_hugepage/shmem_enabled` says): -1 (default) when
+  /// the zero-copy pool is at least `huge_pages_from_bytes`, 0 never, 1 always. Each rank
+  /// populates and collapses its own region (first touch stays local to its NUMA node); a kernel
+  /// that refuses leaves 4 KiB pages and says why (`communicator::huge_pages()`). Measured: with
+  /// 4 KiB pages a 4-rank zero-copy allreduce on 2 vCPUs swung between ~60 and ~250 ms a call at
+  /// 256 MiB; with 2 MiB pages it stayed at the fast end (docs/performance.md).
+  int huge_pages = -1;
+  std::size_t huge_pages_from_bytes = 8u << 20;
 };
 
 }  // namespace shm

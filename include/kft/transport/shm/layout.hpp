@@ -23,8 +23,9 @@ namespace detail {
 inline constexpr std::uint64_t segment_magic = 0x316d68732d74666bULL;  // "kft-shm1"
 /// Bumped whenever the segment's layout or protocol changes: ranks of different kft builds
 /// sharing one node refuse each other by it (2: `rank_ctrl::done`; 5: the mailbox's head line
-/// holds a signature hash and 48 bytes of data, the full signature the line before).
-inline constexpr std::uint32_t layout_version = 5;
+/// holds a signature hash and 48 bytes of data, the full signature the line before; 6: regions
+/// aligned to 2 MiB when huge pages are on, `header::huge`).
+inline constexpr std::uint32_t layout_version = 6;
 inline constexpr std::uint64_t no_offset = ~0ULL;
 
 /// What a rank is doing in one call; compared across ranks.
@@ -96,6 +97,7 @@ struct alignas(64) header {
   std::uint64_t small_bytes, staging_bytes, pool_bytes;
   std::uint64_t claim_from_bytes;  // the direct allreduce's claimed blocks: from this size,
   std::uint32_t claims;            // when 1 (every rank must agree: state.hpp)
+  std::uint32_t huge;              // regions aligned for 2 MiB pages (config::huge_pages, resolved)
   std::atomic<std::uint32_t> ready;
   std::atomic<std::uint32_t> abort_claim;  // taken by the first rank to abort
   std::atomic<std::uint32_t> aborted;      // published after the reason and rank are written

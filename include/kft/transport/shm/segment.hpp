@@ -25,6 +25,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -105,6 +106,7 @@ class segment {
         release();  // a constructor that throws runs no destructor
         throw;
       }
+      fd_ = fd.release();
     } else {
       detail::fd_guard fd(receive(store, key, rank, until, timeout, site));
       struct stat st {};
@@ -113,6 +115,7 @@ class segment {
                                   " bytes, expected " + std::to_string(bytes) + " (ranks configured differently?)",
                               site);
       map(fd.fd, site);
+      fd_ = fd.release();
     }
   }
 
@@ -131,6 +134,48 @@ class segment {
   /// @brief "kft-<label>", for messages (the segment has no name anywhere else).
   const std::string& name() const noexcept { return name_; }
 
+  /// @brief The size of the pages `back_with_huge_pages` gives, and the mapping's alignment.
+  static constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
+
+  /// @brief Backs [off, off + len) of the segment (both multiples of `huge_page_bytes`) with
+  /// 2 MiB pages, 2 MiB at a time: `fallocate` takes the memory from the calling process (its
+  /// NUMA node, as a first touch would), then `MADV_COLLAPSE` (Linux >= 6.1) turns it into one
+  /// 2 MiB page, whatever the system's shmem transparent-huge-page setting. Every process that
+  /// maps the segment then maps those 2 MiB with one page-table entry.
+  /// @return bytes now in 2 MiB pages; `why` says what the kernel refused, if anything
+  /// @throws transport_error when the memory itself cannot be had (the node's or the cgroup's
+  /// limit), naming the bytes: better here than a SIGBUS in the middle of a collective
+  std::size_t back_with_huge_pages(std::size_t off, std::size_t len, std::string& why, const error_site& site) {
+    std::size_t huge = 0;
+    bool collapse = true;
+    int refused = 0, first_errno = 0;
+    for (std::size_t at = off; at < off + len; at += huge_page_bytes) {
+      const std::size_t n = std::min(huge_page_bytes, off + len - at);
+      if (::fallocate(fd_, 0, static_cast<off_t>(at), static_cast<off_t>(n)) != 0) {
+        const int e = errno;
+        if (e == ENOSPC || e == ENOMEM)
+          throw transport_error("allocating " + std::to_string(len) + " bytes of the shared segment " + name_ +
+                                    " (this rank's region) failed: " + std::strerror(e) +
+                                    "; is there enough memory, or a cgroup limit?",
+                                site, e);
+        why = std::string("fallocate: ") + std::strerror(e) + "; 4 KiB pages";
+        return huge;
+      }
+      if (!collapse || n < huge_page_bytes) continue;
+      if (::madvise(base_ + at, n, madv_collapse) == 0) {
+        huge += n;
+        continue;
+      }
+      if (refused++ == 0) first_errno = errno;
+      if (errno == EINVAL || errno == EPERM) collapse = false;  // not this kernel, or THP disabled here
+    }
+    if (refused > 0)
+      why = "MADV_COLLAPSE refused " + std::to_string(refused) + " of " + std::to_string(len / huge_page_bytes) +
+            " 2 MiB pages (" + std::strerror(first_errno) + (first_errno == EINVAL ? "; Linux >= 6.1 has it" : "") +
+            "); 4 KiB pages there";
+    return huge;
+  }
+
  private:
   [[noreturn]] static void fail(const std::string& what, const error_site& site) {
     const int e = errno;
@@ -142,9 +187,25 @@ class segment {
     return out.substr(0, 64);
   }
 
+  // Mapped at a 2 MiB boundary (an address range reserved 2 MiB larger, the segment mapped over
+  // its aligned part, the rest given back), so that 2 MiB of the file at a 2 MiB offset can be
+  // mapped by one page-table entry in every process (state.hpp's huge pages).
   void map(int fd, const error_site& site) {
-    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) fail("mmap of " + std::to_string(bytes_) + " bytes of " + name_, site);
+    constexpr std::size_t align = std::size_t{2} << 20;
+    void* r = ::mmap(nullptr, bytes_ + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) fail("reserving " + std::to_string(bytes_) + " bytes of address space for " + name_, site);
+    const auto lo = reinterpret_cast<std::uintptr_t>(r);
+    const std::uintptr_t at = (lo + align - 1) / align * align;
+    void* p = ::mmap(reinterpret_cast<void*>(at), bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      ::munmap(r, bytes_ + align);
+      errno = e;
+      fail("mmap of " + std::to_string(bytes_) + " bytes of " + name_, site);
+    }
+    if (at > lo) ::munmap(r, at - lo);
+    const std::uintptr_t end = (at + bytes_ + 4095) / 4096 * 4096, reserved_end = lo + bytes_ + align;
+    if (reserved_end > end) ::munmap(reinterpret_cast<void*>(end), reserved_end - end);
     base_ = static_cast<unsigned char*>(p);
   }
 
@@ -294,13 +355,23 @@ class segment {
   void release() noexcept {
     if (base_ != nullptr) ::munmap(base_, bytes_);
     base_ = nullptr;
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
   }
   void swap(segment& o) noexcept {
+    std::swap(fd_, o.fd_);
     std::swap(base_, o.base_);
     std::swap(bytes_, o.bytes_);
     std::swap(name_, o.name_);
   }
 
+#ifdef MADV_COLLAPSE
+  static constexpr int madv_collapse = MADV_COLLAPSE;
+#else
+  static constexpr int madv_collapse = 25;  // Linux 6.1's value; glibc before 2.37 lacks the name
+#endif
+
+  int fd_ = -1;  // kept for back_with_huge_pages
   unsigned char* base_ = nullptr;
   std::size_t bytes_ = 0;
   std::string name_;

@@ -54,17 +54,19 @@ struct state {
   unsigned char* regions = nullptr;
   std::size_t region_bytes = 0, small_off = 0, slot_bytes = 0, staging_off = 0, pool_off = 0;
   std::vector<const void*> srcs;      // reduction sources, sized once: no allocation per call
-  // The direct zero-copy allreduce's reduced block for p > 2 out of place, copied from here into
-  // every output with streaming stores (private: nobody else reads it; sized once).
+  std::vector<void*> dsts;             // the direct allreduce's outputs (p > 2, streamed), sized once
+  // The direct zero-copy allreduce in place (p > 2) reduces and copies this much at a time.
   static constexpr std::size_t direct_block_bytes = 32u << 10;
   // With more ranks than CPUs the direct allreduce's blocks are claimed from a shared counter
   // (header::direct_next), at most this many bytes at a time; this call's claims start at direct_base.
   static constexpr std::size_t direct_claim_bytes = 256u << 10;
   std::uint64_t direct_base = 0;
-  std::vector<unsigned char> direct_scratch;
   std::vector<std::uint64_t> peer_off;  // allgather: each rank's zero-copy input offset
   bool oversubscribed = false;    // more local ranks than online CPUs
   bool claims = false;            // the direct allreduce claims blocks (config::claim_blocks, resolved)
+  bool huge = false;              // regions aligned for 2 MiB pages (config::huge_pages, resolved)
+  std::size_t huge_bytes = 0;     // bytes of my region in 2 MiB pages
+  std::string huge_note;          // why not all of it, when huge and the kernel refused
   std::uint64_t seq = 0;    // calls made
   std::uint64_t chunk = 0;  // staging chunks used (alternating buffers)
   std::size_t pool_used = 0;
@@ -85,13 +87,22 @@ struct state {
     cfg.staging_bytes = detail::round_up(std::max<std::size_t>(cfg.staging_bytes, 4096), 4096);
     cfg.pool_bytes = detail::round_up(cfg.pool_bytes, 4096);
     const std::size_t page = 4096;
+    if (cfg.huge_pages < -1 || cfg.huge_pages > 1)
+      throw usage_error("shm config: huge_pages must be -1 (from huge_pages_from_bytes of pool), 0 (never) or 1 "
+                        "(always), not " + std::to_string(cfg.huge_pages),
+                        site("shm init", 0));
+    huge = cfg.huge_pages == 1 || (cfg.huge_pages == -1 && cfg.pool_bytes > 0 && cfg.pool_bytes >= cfg.huge_pages_from_bytes);
+    // With huge pages every rank's region starts and ends on a 2 MiB boundary (of the file and,
+    // the segment being mapped at one, of every process's addresses), so that its 2 MiB pages
+    // hold its own memory only.
+    const std::size_t align = huge ? segment::huge_page_bytes : page;
     const std::size_t ctrl_off = detail::round_up(sizeof(detail::header), 64);
-    const std::size_t regions_off = detail::round_up(ctrl_off + sizeof(detail::rank_ctrl) * static_cast<std::size_t>(p), page);
+    const std::size_t regions_off = detail::round_up(ctrl_off + sizeof(detail::rank_ctrl) * static_cast<std::size_t>(p), align);
     small_off = 0;
     slot_bytes = detail::round_up(detail::mailbox_data_offset + cfg.small_bytes, 64);
     staging_off = detail::round_up(2 * slot_bytes, page);
     pool_off = staging_off + 2 * cfg.staging_bytes;
-    region_bytes = detail::round_up(pool_off + cfg.pool_bytes, page);
+    region_bytes = detail::round_up(pool_off + cfg.pool_bytes, align);
     const std::size_t total = regions_off + region_bytes * static_cast<std::size_t>(p);
 
     // One segment per communicator instance: ranks that build several get matching keys.
@@ -103,7 +114,7 @@ struct state {
     ctrl = reinterpret_cast<detail::rank_ctrl*>(seg.data() + ctrl_off);
     regions = seg.data() + regions_off;
     srcs.resize(static_cast<std::size_t>(p));
-    if (p > 2) direct_scratch.resize(direct_block_bytes + 64);
+    dsts.resize(static_cast<std::size_t>(p));
     peer_off.resize(static_cast<std::size_t>(p));
     oversubscribed = p > static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
     if (cfg.claim_blocks < -1 || cfg.claim_blocks > 1)
@@ -120,6 +131,7 @@ struct state {
       hdr->pool_bytes = cfg.pool_bytes;
       hdr->claim_from_bytes = cfg.claim_from_bytes;
       hdr->claims = claims ? 1u : 0u;
+      hdr->huge = huge ? 1u : 0u;
       hdr->abort_rank.store(-1);
       // The release store publishes every write above to a reader that acquires the magic.
       reinterpret_cast<std::atomic<std::uint64_t>*>(&hdr->magic)->store(detail::segment_magic, std::memory_order_release);
@@ -136,13 +148,17 @@ struct state {
                           site("shm init", 0));
       if (hdr->nranks != static_cast<std::uint32_t>(p) || hdr->small_bytes != cfg.small_bytes ||
           hdr->staging_bytes != cfg.staging_bytes || hdr->pool_bytes != cfg.pool_bytes ||
-          hdr->claim_from_bytes != cfg.claim_from_bytes || hdr->claims != (claims ? 1u : 0u))
+          hdr->claim_from_bytes != cfg.claim_from_bytes || hdr->claims != (claims ? 1u : 0u) ||
+          hdr->huge != (huge ? 1u : 0u))
         throw usage_error("local ranks disagree on the shm communicator's configuration (size " +
                               std::to_string(hdr->nranks) + " vs " + std::to_string(p) +
-                              ", or buffer sizes, or claim_blocks / claim_from_bytes)",
+                              ", or buffer sizes, or claim_blocks / claim_from_bytes, or huge_pages)",
                           site("shm init", 0));
     }
-    // First touch of my own region from my own process (NUMA placement), then mark ready.
+    // My own region in 2 MiB pages, taken from my own process (NUMA placement); then its first
+    // touch from here (with 2 MiB pages one fault per 2 MiB), then mark ready.
+    if (huge) huge_bytes = seg.back_with_huge_pages(regions_off + region_bytes * static_cast<std::size_t>(me),
+                                                    region_bytes, huge_note, site("shm init", 0));
     std::memset(region(me), 0, region_bytes);
     ctrl[me].pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
     ctrl[me].pid_ns.store(pid_namespace(), std::memory_order_relaxed);
