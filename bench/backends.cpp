@@ -212,7 +212,7 @@ std::unique_ptr<backend> make_backend(const settings& s, const std::string& whic
     if (s.small_bytes) cfg.small_bytes = s.small_bytes;
     if (s.copy_streaming_bytes >= 0) cfg.copy_streaming_bytes = static_cast<std::size_t>(s.copy_streaming_bytes);
     if (timeout.count() > 0) cfg.timeout = timeout;
-    if (s.zero_copy) cfg.pool_bytes = 2 * ((buffer + 4095) / 4096 * 4096) + 4096;
+    if (s.zero_copy) cfg.pool_bytes = 2 * ((buffer + 4095) / 4096 * 4096) + 4096 + s.pool_extra;
     return std::make_unique<shm_backend>(std::make_unique<kft::shm::communicator>(std::move(store), rank, nranks, cfg));
   }
   if (which == "nccl") {

@@ -217,6 +217,11 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   app.add_option("--device", a.device, "nccl: CUDA device of this rank (default: local rank modulo the devices)");
   app.add_option("--staging-bytes", a.staging_bytes, "kft config::staging_bytes (0: kft's default)");
   app.add_option("--small-bytes", a.small_bytes, "kft config::small_bytes (0: kft's default)");
+  std::string pe = "0";
+  app.add_option("--pool-extra", pe,
+                 "--zero-copy: this many bytes more in each rank's pool than the two buffers (K/M/G suffixes): "
+                 "moves the ranks' regions apart in the segment (docs/performance.md: the 4-rank spacing)")
+      ->capture_default_str();
   app.add_option("--copy-streaming-bytes", a.copy_streaming_bytes,
                  "kft config::copy_streaming_bytes (-1: kft's default or KFT_SHM_COPY_STREAMING_BYTES)")
       ->check(CLI::Range(-1LL, std::numeric_limits<long long>::max()));
@@ -240,6 +245,7 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
     a.max_bytes = parse_size(e);
     a.step_bytes = parse_size(i);
     a.latency_max = parse_size(lm);
+    a.pool_extra = parse_size(pe);
     a.types = parse_types(d);
     if constexpr (C::has_op) a.ops = parse_ops(o);
     a.algorithm = parse_algo(al);
@@ -257,6 +263,7 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   if (a.average < 0 || a.average > 3) return bad("-a must be 0, 1, 2 or 3");
   if (nthreads != 1 || ngpus != 1 || agg != 1) return bad("-t, -g and -m must be 1: kft runs one rank per process");
   if (a.zero_copy && a.backend != "shm" && a.backend != "auto") return bad("--zero-copy needs --backend shm");
+  if (a.pool_extra && !a.zero_copy) return bad("--pool-extra needs --zero-copy");
   if (a.latency_iters < 1) return bad("--latency-iters must be >= 1");
   if constexpr (C::has_root) {
     a.all_roots = a.root == -1;

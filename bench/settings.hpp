@@ -25,6 +25,7 @@ struct settings {
   double min_time = 0;  // --min-time: seconds of timed calls per size at least (0: exactly -n calls)
   int timeout_s = 0, latency_iters = 10000;
   std::size_t staging_bytes = 0, small_bytes = 0, latency_max = 64u << 10;
+  std::size_t pool_extra = 0;  // --pool-extra: bytes added to each rank's zero-copy pool
   long long copy_streaming_bytes = -1;  // --copy-streaming-bytes (-1: kft's default or the environment's)
   std::string json_path;
   std::string backend = "auto";  // shm, mpi, group, nccl; auto = shm on one node, the multinode table across
