@@ -50,8 +50,8 @@ inline void allreduce_direct(state& s, const state::call& k, std::uint64_t in_of
     if (stream) {
       // One pass: every result vector streamed into every output (mine first, then the
       // others'), nothing kept or read back. It replaced reducing 32 KiB blocks into private
-      // scratch and streaming copies of it (4 ranks on 2 vCPUs, 256 MiB: 47-56 -> 33-36 ms of
-      // kernel time a call, memcpy of the same bytes 34-42; docs/performance.md).
+      // scratch and streaming copies of it, which wrote and read the scratch p times per block
+      // (docs/algorithms.md; the table in docs/performance.md).
       for (int r = 0; r < s.p; ++r) {
         s.srcs[static_cast<std::size_t>(r)] = in_of(r);
         s.dsts[static_cast<std::size_t>(r)] = out_of((s.me + r) % s.p);
