@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -492,17 +493,71 @@ BOOST_AUTO_TEST_CASE(partly_overlapping_buffers_are_refused_by_every_collective)
         wrong.push_back("in-place broadcast of " + std::to_string(n) + " is wrong on rank " + std::to_string(me));
       }
     }
-    // broadcast: only the root reads its input, so only the root can refuse it. A refused call
-    // still takes its sequence number on the root (the peers, had they called, would time out
-    // waiting for it), so these come last.
-    if (me == 0)
-      for (std::size_t n : {std::size_t{5}, std::size_t{300000}}) {
-        std::vector<float> buf(n + 1, 1.0f);
+    // broadcast: only the root reads its input, so only the root can refuse it; the others
+    // refuse the call with it (naming the root) instead of waiting for it, and the next
+    // broadcast pairs up as usual.
+    for (std::size_t n : {std::size_t{5}, std::size_t{300000}}) {
+      std::vector<float> buf(n + 1, 1.0f);
+      if (me == 0)
         expect_refusal("broadcast", "broadcast: the root's input and output buffers overlap", [&] {
           comm.broadcast(std::span<const float>(buf.data(), n), std::span<float>(buf.data() + 1, n), 0);
         });
+      else
+        expect_refusal("broadcast on a non-root rank", "rank 0 refused #", [&] { comm.broadcast(std::span<float>(buf.data(), n), 0); });
+      if (me == 0) std::fill(buf.begin(), buf.end(), 5.0f);
+      comm.broadcast(std::span<float>(buf.data(), n), 0);
+      if (std::count(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n), 5.0f) != static_cast<std::ptrdiff_t>(n)) {
+        const std::lock_guard lock(mu);
+        wrong.push_back("broadcast after a refused one is wrong on rank " + std::to_string(me));
       }
+    }
   });
   for (const auto& w : wrong) BOOST_ERROR(w);
-  BOOST_TEST(refused.load() == 2 * (3 + 3 + 1));  // two sizes: reduce_scatter and allgather on every rank, broadcast on the root
+  BOOST_TEST(refused.load() == 2 * (3 + 3 + 3));  // two sizes: reduce_scatter, allgather and broadcast on every rank
+}
+
+// Arguments only one rank can see as wrong (its own buffers): that rank refuses the call, and
+// the others refuse it too at once, naming that rank, the collective and its number, instead
+// of waiting out the timeout (60 s here); every rank's next call pairs up and is right.
+BOOST_AUTO_TEST_CASE(a_call_refused_on_one_rank_is_refused_on_every_rank_at_once) {
+  std::mutex mu;
+  std::vector<std::string> wrong;
+  std::atomic<int> refused{0};
+  with_ranks(3, "refuse-one", [&](shm::communicator& comm) {
+    const int me = comm.rank();
+    kft::options o;
+    o.timeout = std::chrono::seconds(60);
+    for (std::size_t n : {std::size_t{6}, std::size_t{300000}}) {
+      std::vector<float> buf(2 * n, static_cast<float>(me + 1));
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        if (me == 1)  // overlapping halves: refused here only
+          comm.allreduce(std::span<const float>(buf.data(), n), std::span<float>(buf.data() + 1, n), kft::ops::sum, o);
+        else
+          comm.allreduce(std::span<const float>(buf.data(), n), std::span<float>(buf.data() + n, n), kft::ops::sum, o);
+        const std::lock_guard lock(mu);
+        wrong.push_back("rank " + std::to_string(me) + " ran the allreduce that rank 1 refused");
+      } catch (const kft::usage_error& e) {
+        ++refused;
+        const std::string m = e.what(), seq = "#" + std::to_string(comm.sequence());
+        const char* expected = me == 1 ? "overlap without being the same buffer" : "rank 1 refused ";
+        if (m.find(expected) == std::string::npos || (me != 1 && (m.find(seq + " allreduce") == std::string::npos))) {
+          const std::lock_guard lock(mu);
+          wrong.push_back("rank " + std::to_string(me) + ": expected \"" + expected + "\" and " + seq + ": " + m);
+        }
+      }
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) {
+        const std::lock_guard lock(mu);
+        wrong.push_back("rank " + std::to_string(me) + " waited for the refused call instead of refusing it");
+      }
+      std::fill(buf.begin(), buf.end(), static_cast<float>(me + 1));
+      comm.allreduce(std::span<const float>(buf.data(), n), std::span<float>(buf.data() + n, n), kft::ops::sum, o);
+      if (std::count(buf.begin() + static_cast<std::ptrdiff_t>(n), buf.end(), 6.0f) != static_cast<std::ptrdiff_t>(n)) {
+        const std::lock_guard lock(mu);
+        wrong.push_back("the allreduce after the refused one is wrong on rank " + std::to_string(me));
+      }
+    }
+  });
+  for (const auto& w : wrong) BOOST_ERROR(w);
+  BOOST_TEST(refused.load() == 2 * 3);
 }

@@ -16,10 +16,11 @@ inline void allgather(state& s, const void* in, void* out, std::size_t sc, dtype
   // In place is in == out + rank x send_count (this rank's block, which every copy skips).
   if (kft::detail::ranges_overlap(in, bytes, out, bytes * static_cast<std::size_t>(s.p)) &&
       in != static_cast<const unsigned char*>(out) + static_cast<std::size_t>(s.me) * bytes)
-    throw usage_error("allgather: the input (" + std::to_string(sc) +
-                          " elements) overlaps the output other than at output + rank x send_count (rank " +
-                          std::to_string(s.me) + ": in place)",
-                      s.site("allgather", s.seq));
+    s.refuse(collective::allgather,
+             usage_error("allgather: the input (" + std::to_string(sc) +
+                             " elements) overlaps the output other than at output + rank x send_count (rank " +
+                             std::to_string(s.me) + ": in place)",
+                         s.site("allgather", s.seq)));
   const auto in_off = s.pool_offset(in, bytes);
   const algo a = s.resolve(collective::allgather, bytes, o);
   auto k = s.begin(collective::allgather, t, op_kind::sum, sc, -1, a, o, in_off, detail::no_offset);

@@ -101,9 +101,10 @@ inline void allreduce_direct(state& s, const state::call& k, std::uint64_t in_of
 inline void allreduce(state& s, const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o) {
   const std::size_t es = size_of(t), bytes = count * es;
   if (kft::detail::overlap_partly(in, out, bytes))
-    throw usage_error("allreduce: the input and output buffers overlap without being the same buffer (in place "
-                      "passes one buffer as both)",
-                      s.site("allreduce", s.seq));
+    s.refuse(collective::allreduce,
+             usage_error("allreduce: the input and output buffers overlap without being the same buffer (in place "
+                         "passes one buffer as both)",
+                         s.site("allreduce", s.seq)));
   const auto in_off = s.pool_offset(in, bytes), out_off = s.pool_offset(out, bytes);
   const algo a = s.resolve(collective::allreduce, bytes, o, in_off != detail::no_offset);
   auto k = s.begin(collective::allreduce, t, op, count, -1, a, o, in_off, out_off);

@@ -14,9 +14,10 @@ namespace shm::detail {
 inline void broadcast(state& s, const void* in, void* out, std::size_t count, dtype t, int root, const options& o) {
   const std::size_t es = size_of(t), bytes = count * es;
   if (s.me == root && kft::detail::overlap_partly(in, out, bytes))
-    throw usage_error("broadcast: the root's input and output buffers overlap without being the same buffer (in "
-                      "place passes one buffer as both)",
-                      s.site("broadcast", s.seq));
+    s.refuse(collective::broadcast,
+             usage_error("broadcast: the root's input and output buffers overlap without being the same buffer (in "
+                         "place passes one buffer as both)",
+                         s.site("broadcast", s.seq)));
   const algo a = s.resolve(collective::broadcast, bytes, o);
   auto k = s.begin(collective::broadcast, t, op_kind::sum, count, root, a, o, detail::no_offset, detail::no_offset);
   auto* dst = static_cast<unsigned char*>(out);

@@ -24,8 +24,8 @@ inline constexpr std::uint64_t segment_magic = 0x316d68732d74666bULL;  // "kft-s
 /// Bumped whenever the segment's layout or protocol changes: ranks of different kft builds
 /// sharing one node refuse each other by it (2: `rank_ctrl::done`; 5: the mailbox's head line
 /// holds a signature hash and 48 bytes of data, the full signature the line before; 6: regions
-/// aligned to 2 MiB when huge pages are on, `header::huge`).
-inline constexpr std::uint32_t layout_version = 6;
+/// aligned to 2 MiB when huge pages are on, `header::huge`; 7: `signature::refused`).
+inline constexpr std::uint32_t layout_version = 7;
 inline constexpr std::uint64_t no_offset = ~0ULL;
 
 /// What a rank is doing in one call; compared across ranks.
@@ -37,7 +37,7 @@ struct signature {
   std::int32_t root = -1;
   std::uint32_t tag = 0;
   std::uint8_t coll = 0, type = 0, op = 0, algorithm = 0;
-  std::uint32_t pad = 0;
+  std::uint32_t refused = 0;  // 1: the rank refused the call (state::refuse): nobody runs it
 
   bool operator==(const signature&) const = default;
 };

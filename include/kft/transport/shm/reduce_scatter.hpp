@@ -18,10 +18,11 @@ inline void reduce_scatter(state& s, const void* in, void* out, std::size_t rc, 
   // output of that chunk is written); any other shared byte would be overwritten unread.
   if (kft::detail::ranges_overlap(in, bytes, out, rc * es) &&
       out != static_cast<const unsigned char*>(in) + static_cast<std::size_t>(s.me) * rc * es)
-    throw usage_error("reduce_scatter: the output (" + std::to_string(rc) +
-                          " elements) overlaps the input other than at input + rank x recv_count (rank " +
-                          std::to_string(s.me) + ": in place)",
-                      s.site("reduce_scatter", s.seq));
+    s.refuse(collective::reduce_scatter,
+             usage_error("reduce_scatter: the output (" + std::to_string(rc) +
+                             " elements) overlaps the input other than at input + rank x recv_count (rank " +
+                             std::to_string(s.me) + ": in place)",
+                         s.site("reduce_scatter", s.seq)));
   const algo a = s.resolve(collective::reduce_scatter, bytes, o);
   auto k = s.begin(collective::reduce_scatter, t, op, rc, -1, a, o, detail::no_offset, detail::no_offset);
   if (a == algo::one_shot && bytes <= s.cfg.small_bytes) {

@@ -420,6 +420,12 @@ struct state {
       if (box(r, k.sig.seq).sig_hash == k.hash) continue;
       detail::signature theirs = box(r, k.sig.seq).sig;
       theirs.seq = box(r, k.sig.seq).seq.load(std::memory_order_relaxed);
+      // A peer refused the call (its own arguments): every rank refuses it, and nothing was
+      // exchanged, so the next call pairs up as usual. The peer's own error names the argument.
+      if (theirs.refused)
+        throw usage_error(who(r) + " refused " + describe(k.sig) + " (its error names the argument at fault); "
+                              "no rank ran the call",
+                          site(std::string(name(static_cast<collective>(k.sig.coll))), k.sig.seq));
       // An allgather's zero-copy input may sit at a different place on every rank (in place:
       // out + rank * count); each rank reads it from the peer's signature instead.
       if (static_cast<collective>(k.sig.coll) == collective::allgather) theirs.in_off = k.sig.in_off;
@@ -428,6 +434,31 @@ struct state {
                                 std::to_string(me) + " at " + describe(k.sig),
                             site(std::string(name(static_cast<collective>(k.sig.coll))), k.sig.seq)));
     }
+  }
+
+  // Refuses this rank's call `c` (numbered `seq`) for its own arguments, which only this rank
+  // can see (a root's input, buffers that overlap): the refusal takes the place of this rank's
+  // arrival, so each peer's arrival check refuses the call too, naming this rank, instead of
+  // waiting out the timeout, and the ranks go on with their next call together. Waits until
+  // every rank has arrived (nothing of the call is exchanged), then throws `err`.
+  [[noreturn]] void refuse(collective c, const usage_error& err) {
+    if (p > 1) {
+      call k;
+      k.sig.seq = seq;
+      k.sig.coll = static_cast<std::uint8_t>(c);
+      k.sig.refused = 1;
+      k.timeout = cfg.timeout;
+      auto& b = box(me, seq);
+      detail::signature shape = k.sig;
+      shape.seq = 0;
+      b.sig = shape;
+      b.sig_hash = k.hash = detail::signature_hash(k.sig);
+      b.seq.store(seq, std::memory_order_release);
+      notify();
+      wait_peers([&](int r) { return box(r, seq).seq.load(std::memory_order_acquire); }, seq, "arrival", &k.sig,
+                 k.deadline, k.timeout);
+    }
+    throw err;
   }
 
   void wait_stage(const call& k, std::uint64_t target, const char* phase) {
@@ -491,11 +522,11 @@ struct state {
     return choose_algorithm(cfg.crossovers, c, p, oversubscribed, zero_copy, bytes, cfg.small_bytes);
   }
 
-  algo resolve(collective c, std::size_t bytes, const options& o, bool zero_copy = false) const {
+  algo resolve(collective c, std::size_t bytes, const options& o, bool zero_copy = false) {
     if (o.algorithm != algo::automatic && o.algorithm != algo::one_shot && o.algorithm != algo::two_shot)
-      throw usage_error("algorithm " + std::string(name(o.algorithm)) +
-                            " is not a shared-memory algorithm (one_shot, two_shot or auto)",
-                        site(std::string(name(c)), seq));
+      refuse(c, usage_error("algorithm " + std::string(name(o.algorithm)) +
+                                " is not a shared-memory algorithm (one_shot, two_shot or auto)",
+                            site(std::string(name(c)), seq)));
     return o.algorithm == algo::automatic ? choose(c, bytes, zero_copy) : o.algorithm;
   }
 };
