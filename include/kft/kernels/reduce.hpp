@@ -55,17 +55,96 @@ inline T load(const void* p, std::size_t byte_offset) {
 
 // Built-in element types: four independent register-wide vectors per iteration (the adds of
 // one element still happen in source order, so the result is the scalar loop's, bit for bit),
-// then single vectors, then a scalar tail.
+// then single vectors, then a scalar tail; elements [0, head) go through the scalar loop too
+// (a streaming store's alignment). Each result goes to `out`, a local class of the caller with
+// `vectors(byte_offset, a0, a1, a2, a3)` (four consecutive vectors), `vector(byte_offset, a)`
+// and `scalar(byte_offset, T)`: the writing (and its order) differs between
+// reduce_native and reduce_native_all, the reducing is this one body. (A local class, not a
+// lambda with an `auto` parameter: a vector typedef's attribute does not survive being a
+// template argument.)
+template <class T, op_kind Op, class Out>
+void reduce_native_body(Out& out, const void* const* srcs, int n, std::size_t head, std::size_t count, int divisor) {
+  typedef T vec __attribute__((vector_size(vector_bytes)));
+  constexpr std::size_t W = vector_bytes / sizeof(T);
+  constexpr std::size_t VB = sizeof(vec);
+  const void* const s0 = srcs[0];
+  const T d = static_cast<T>(divisor);
+  const auto ld = [](const void* p, std::size_t o) {
+    vec v;
+    std::memcpy(&v, static_cast<const unsigned char*>(p) + o, VB);
+    return v;
+  };
+  const auto combine = [](vec a, vec b) -> vec {
+    if constexpr (Op == op_kind::sum || Op == op_kind::avg) return a + b;
+    else if constexpr (Op == op_kind::prod) return a * b;
+    else if constexpr (Op == op_kind::min) return b < a ? b : a;
+    else return a < b ? b : a;
+  };
+  const auto scalar = [&](std::size_t from, std::size_t to) {
+    for (std::size_t i = from; i < to; ++i) {
+      const std::size_t o = i * sizeof(T);
+      T a = load<T>(s0, o);
+      for (int k = 1; k < n; ++k) a = apply<T, Op>(a, load<T>(srcs[k], o));
+      if constexpr (Op == op_kind::avg) a = static_cast<T>(a / d);
+      out.scalar(o, a);
+    }
+  };
+  scalar(0, head);
+  std::size_t i = head;
+  for (; i + 4 * W <= count; i += 4 * W) {
+    const std::size_t o = i * sizeof(T);
+    vec a0 = ld(s0, o), a1 = ld(s0, o + VB), a2 = ld(s0, o + 2 * VB), a3 = ld(s0, o + 3 * VB);
+    for (int k = 1; k < n; ++k) {
+      const void* s = srcs[k];
+      a0 = combine(a0, ld(s, o));
+      a1 = combine(a1, ld(s, o + VB));
+      a2 = combine(a2, ld(s, o + 2 * VB));
+      a3 = combine(a3, ld(s, o + 3 * VB));
+    }
+    if constexpr (Op == op_kind::avg) {
+      a0 = a0 / d;
+      a1 = a1 / d;
+      a2 = a2 / d;
+      a3 = a3 / d;
+    }
+    out.vectors(o, a0, a1, a2, a3);
+  }
+  for (; i + W <= count; i += W) {
+    const std::size_t o = i * sizeof(T);
+    vec a = ld(s0, o);
+    for (int k = 1; k < n; ++k) a = combine(a, ld(srcs[k], o));
+    if constexpr (Op == op_kind::avg) a = a / d;
+    out.vector(o, a);
+  }
+  scalar(i, count);
+}
+
+// One register-wide vector of `bytes` (a multiple of 16) at `v` stored at `into`, with 16-byte
+// non-temporal stores when `stream` (`into` 16-byte aligned). (Not a template on the vector
+// type: see reduce_native_body.)
+inline void store_vector(unsigned char* into, const void* v, std::size_t bytes, bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    for (std::size_t b = 0; b < bytes; b += 16) {
+      __m128i x;
+      std::memcpy(&x, static_cast<const unsigned char*>(v) + b, 16);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(into + b), x);
+    }
+    return;
+  }
+#else
+  (void)stream;
+#endif
+  std::memcpy(into, v, bytes);
+}
+
+// Into `dst` and, when not null, a second copy `dst2`, each streamed when asked and aligned.
 template <class T, op_kind Op>
 void reduce_native(void* dst_v, void* dst2_v, bool stream2, const void* const* srcs, int n, std::size_t count,
                    int divisor, bool stream1) {
   typedef T vec __attribute__((vector_size(vector_bytes)));
-  constexpr std::size_t W = vector_bytes / sizeof(T);
-  constexpr std::size_t VB = sizeof(vec);
   auto* dst = static_cast<unsigned char*>(dst_v);
   auto* dst2 = static_cast<unsigned char*>(dst2_v);  // a second copy of the result, or null
-  const void* const s0 = srcs[0];
-  const T d = static_cast<T>(divisor);
   // Streaming stores need 16-byte aligned addresses: the elements before dst2's first aligned
   // one go through the scalar loop (same order of operations, so the same bits).
   std::size_t head = 0;
@@ -81,96 +160,35 @@ void reduce_native(void* dst_v, void* dst2_v, bool stream2, const void* const* s
   stream2 = false;
   stream1 = false;
 #endif
-  // (Lambdas, not function templates: a vector typedef's attribute does not survive being a
-  // template argument.)
-  const auto ld = [](const void* p, std::size_t o) {
-    vec v;
-    std::memcpy(&v, static_cast<const unsigned char*>(p) + o, VB);
-    return v;
-  };
-  const auto combine = [](vec a, vec b) -> vec {
-    if constexpr (Op == op_kind::sum || Op == op_kind::avg) return a + b;
-    else if constexpr (Op == op_kind::prod) return a * b;
-    else if constexpr (Op == op_kind::min) return b < a ? b : a;
-    else return a < b ? b : a;
-  };
-  const auto store = [&](std::size_t o, const vec& v) {
-#if defined(__SSE2__)
-    const auto stream_to = [&](unsigned char* into) {
-      for (std::size_t b = 0; b < VB; b += 16) {
-        __m128i x;
-        std::memcpy(&x, reinterpret_cast<const unsigned char*>(&v) + b, 16);
-        _mm_stream_si128(reinterpret_cast<__m128i*>(into + o + b), x);
-      }
-    };
-    if (stream1) stream_to(dst);
-    else std::memcpy(dst + o, &v, VB);
-    if (!dst2) return;
-    if (stream2) {
-      stream_to(dst2);
-      return;
+  struct to_two {
+    unsigned char *dst, *dst2;
+    bool stream1, stream2;
+    void vector(std::size_t o, const vec& v) const {
+      store_vector(dst + o, &v, sizeof v, stream1);
+      if (dst2) store_vector(dst2 + o, &v, sizeof v, stream2);
     }
-#else
-    std::memcpy(dst + o, &v, VB);
-    if (!dst2) return;
-#endif
-    std::memcpy(dst2 + o, &v, VB);
-  };
-  const auto scalar = [&](std::size_t from, std::size_t to) {
-    for (std::size_t i = from; i < to; ++i) {
-      const std::size_t o = i * sizeof(T);
-      T a = load<T>(s0, o);
-      for (int k = 1; k < n; ++k) a = apply<T, Op>(a, load<T>(srcs[k], o));
-      if constexpr (Op == op_kind::avg) a = static_cast<T>(a / d);
+    void vectors(std::size_t o, const vec& a0, const vec& a1, const vec& a2, const vec& a3) const {
+      vector(o, a0);
+      vector(o + sizeof a0, a1);
+      vector(o + 2 * sizeof a0, a2);
+      vector(o + 3 * sizeof a0, a3);
+    }
+    void scalar(std::size_t o, T a) const {
       std::memcpy(dst + o, &a, sizeof(T));
       if (dst2) std::memcpy(dst2 + o, &a, sizeof(T));
     }
-  };
-  scalar(0, head);
-  std::size_t i = head;
-  for (; i + 4 * W <= count; i += 4 * W) {
-    const std::size_t o = i * sizeof(T);
-    vec a0 = ld(s0, o), a1 = ld(s0, o + VB), a2 = ld(s0, o + 2 * VB), a3 = ld(s0, o + 3 * VB);
-    for (int k = 1; k < n; ++k) {
-      const void* s = srcs[k];
-      a0 = combine(a0, ld(s, o));
-      a1 = combine(a1, ld(s, o + VB));
-      a2 = combine(a2, ld(s, o + 2 * VB));
-      a3 = combine(a3, ld(s, o + 3 * VB));
-    }
-    if constexpr (Op == op_kind::avg) {
-      a0 = a0 / d;
-      a1 = a1 / d;
-      a2 = a2 / d;
-      a3 = a3 / d;
-    }
-    store(o, a0);
-    store(o + VB, a1);
-    store(o + 2 * VB, a2);
-    store(o + 3 * VB, a3);
-  }
-  for (; i + W <= count; i += W) {
-    const std::size_t o = i * sizeof(T);
-    vec a = ld(s0, o);
-    for (int k = 1; k < n; ++k) a = combine(a, ld(srcs[k], o));
-    if constexpr (Op == op_kind::avg) a = a / d;
-    store(o, a);
-  }
-  scalar(i, count);
+  } out{dst, dst2, stream1, stream2};
+  reduce_native_body<T, Op>(out, srcs, n, head, count, divisor);
 }
 
 // Built-in element types into several outputs at once: each register-wide result is written to
 // every output (with `stream`, non-temporal stores where every output shares one 16-byte
 // alignment), so a reduction that every rank needs goes from the inputs to all outputs in one
-// pass, with no private copy read back. Same order of operations as reduce_native: same bits.
+// pass, with no private copy read back. The same body as reduce_native: the same bits.
 template <class T, op_kind Op>
 void reduce_native_all(void* const* dsts, int ndst, bool stream, const void* const* srcs, int n, std::size_t count,
                        int divisor) {
   typedef T vec __attribute__((vector_size(vector_bytes)));
-  constexpr std::size_t W = vector_bytes / sizeof(T);
-  constexpr std::size_t VB = sizeof(vec);
-  const void* const s0 = srcs[0];
-  const T d = static_cast<T>(divisor);
   std::size_t head = 0;
 #if defined(__SSE2__)
   if (stream) {
@@ -183,73 +201,27 @@ void reduce_native_all(void* const* dsts, int ndst, bool stream, const void* con
 #else
   stream = false;
 #endif
-  const auto ld = [](const void* p, std::size_t o) {
-    vec v;
-    std::memcpy(&v, static_cast<const unsigned char*>(p) + o, VB);
-    return v;
-  };
-  const auto combine = [](vec a, vec b) -> vec {
-    if constexpr (Op == op_kind::sum || Op == op_kind::avg) return a + b;
-    else if constexpr (Op == op_kind::prod) return a * b;
-    else if constexpr (Op == op_kind::min) return b < a ? b : a;
-    else return a < b ? b : a;
-  };
-  const auto store = [&](unsigned char* into, const vec& v) {
-#if defined(__SSE2__)
-    if (stream) {
-      for (std::size_t b = 0; b < VB; b += 16) {
-        __m128i x;
-        std::memcpy(&x, reinterpret_cast<const unsigned char*>(&v) + b, 16);
-        _mm_stream_si128(reinterpret_cast<__m128i*>(into + b), x);
-      }
-      return;
+  struct to_all {
+    void* const* dsts;
+    int ndst;
+    bool stream;
+    void vector(std::size_t o, const vec& v) const {
+      for (int j = 0; j < ndst; ++j) store_vector(static_cast<unsigned char*>(dsts[j]) + o, &v, sizeof v, stream);
     }
-#endif
-    std::memcpy(into, &v, VB);
-  };
-  const auto scalar = [&](std::size_t from, std::size_t to) {
-    for (std::size_t i = from; i < to; ++i) {
-      const std::size_t o = i * sizeof(T);
-      T a = load<T>(s0, o);
-      for (int k = 1; k < n; ++k) a = apply<T, Op>(a, load<T>(srcs[k], o));
-      if constexpr (Op == op_kind::avg) a = static_cast<T>(a / d);
+    void vectors(std::size_t o, const vec& a0, const vec& a1, const vec& a2, const vec& a3) const {
+      for (int j = 0; j < ndst; ++j) {  // each output's lines whole before the next output's
+        auto* into = static_cast<unsigned char*>(dsts[j]) + o;
+        store_vector(into, &a0, sizeof a0, stream);
+        store_vector(into + sizeof a0, &a1, sizeof a0, stream);
+        store_vector(into + 2 * sizeof a0, &a2, sizeof a0, stream);
+        store_vector(into + 3 * sizeof a0, &a3, sizeof a0, stream);
+      }
+    }
+    void scalar(std::size_t o, T a) const {
       for (int j = 0; j < ndst; ++j) std::memcpy(static_cast<unsigned char*>(dsts[j]) + o, &a, sizeof(T));
     }
-  };
-  scalar(0, head);
-  std::size_t i = head;
-  for (; i + 4 * W <= count; i += 4 * W) {
-    const std::size_t o = i * sizeof(T);
-    vec a0 = ld(s0, o), a1 = ld(s0, o + VB), a2 = ld(s0, o + 2 * VB), a3 = ld(s0, o + 3 * VB);
-    for (int k = 1; k < n; ++k) {
-      const void* s = srcs[k];
-      a0 = combine(a0, ld(s, o));
-      a1 = combine(a1, ld(s, o + VB));
-      a2 = combine(a2, ld(s, o + 2 * VB));
-      a3 = combine(a3, ld(s, o + 3 * VB));
-    }
-    if constexpr (Op == op_kind::avg) {
-      a0 = a0 / d;
-      a1 = a1 / d;
-      a2 = a2 / d;
-      a3 = a3 / d;
-    }
-    for (int j = 0; j < ndst; ++j) {
-      auto* into = static_cast<unsigned char*>(dsts[j]) + o;
-      store(into, a0);
-      store(into + VB, a1);
-      store(into + 2 * VB, a2);
-      store(into + 3 * VB, a3);
-    }
-  }
-  for (; i + W <= count; i += W) {
-    const std::size_t o = i * sizeof(T);
-    vec a = ld(s0, o);
-    for (int k = 1; k < n; ++k) a = combine(a, ld(srcs[k], o));
-    if constexpr (Op == op_kind::avg) a = a / d;
-    for (int j = 0; j < ndst; ++j) store(static_cast<unsigned char*>(dsts[j]) + o, a);
-  }
-  scalar(i, count);
+  } out{dsts, ndst, stream};
+  reduce_native_body<T, Op>(out, srcs, n, head, count, divisor);
 }
 
 // 16-bit floats in register-wide vectors, with no conversion instruction needed (plain SSE2/NEON
