@@ -58,7 +58,8 @@ class shm_backend final : public forward<kft::shm::communicator> {
     return "shared-memory transport, staging " + std::to_string(cfg.staging_bytes) + " B, one-shot slot " +
            std::to_string(cfg.small_bytes) + " B, " +
            (huge.region_bytes ? std::to_string(huge.bytes >> 20) + " of " + std::to_string(huge.region_bytes >> 20) +
-                                    " MiB of this rank's region in 2 MiB pages" + (huge.why.empty() ? "" : " (" + huge.why + ")")
+                                    " MiB of this rank's region in 2 MiB pages" + (huge.why.empty() ? "" : " (" + huge.why + ")") +
+                                    ", regions " + std::to_string(own_->region_stride() >> 20) + " MiB apart (KFT_SHM_REGION_ALIGN)"
                               : std::string("4 KiB pages (KFT_SHM_HUGE_PAGES, config::huge_pages)"));
   }
   kft::algo choose(kft::collective c, std::size_t bytes, bool zero_copy) const override {

@@ -357,6 +357,16 @@ BOOST_AUTO_TEST_CASE(shm_ranks_progress_threads_take_one_cpu_each_unless_told_no
         const std::string m = e.what();
         return m.find("KFT_SHM_HUGE_PAGES") != std::string::npos && m.find("yes") != std::string::npos;
       });
+  // KFT_SHM_REGION_ALIGN: bytes (0, the default, lets the communicator choose); not a number is refused by name.
+  BOOST_TEST(kft::group::shm_config(kft::environment(kft::environment::map_type{})).region_align_bytes == 0u);
+  BOOST_TEST(kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_SHM_REGION_ALIGN", "4194304"}}))
+                 .region_align_bytes == 4194304u);
+  BOOST_CHECK_EXCEPTION(
+      kft::group::shm_config(kft::environment(kft::environment::map_type{{"KFT_SHM_REGION_ALIGN", "8M"}})),
+      kft::config_error, [](const kft::config_error& e) {
+        const std::string m = e.what();
+        return m.find("KFT_SHM_REGION_ALIGN") != std::string::npos && m.find("8M") != std::string::npos;
+      });
   for (const bool bind : {true, false}) {
     auto store = std::make_shared<kft::rendezvous::memory_store>();
     std::vector<int> cpu(2, -2);

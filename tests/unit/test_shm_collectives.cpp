@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
@@ -270,10 +271,12 @@ BOOST_AUTO_TEST_CASE(huge_pages_back_every_region_or_say_why) {
     cfg.huge_pages = huge;
     cfg.pool_bytes = 5u << 20;  // below huge_pages_from_bytes: -1 means none here
     std::vector<shm::communicator::huge_page_report> got(3);
+    std::vector<std::size_t> strides(3);
     with_ranks(
         3, cfg.name,
         [&](shm::communicator& comm) {
           got[static_cast<std::size_t>(comm.rank())] = comm.huge_pages();
+          strides[static_cast<std::size_t>(comm.rank())] = comm.region_stride();
           const std::size_t n = (2u << 20) / 4 + 3;  // the direct path, streamed, across 2 MiB pages
           auto a = comm.allocate<float>(n);
           auto o = comm.allocate<float>(n);
@@ -286,11 +289,21 @@ BOOST_AUTO_TEST_CASE(huge_pages_back_every_region_or_say_why) {
               throw std::runtime_error("huge_pages=" + std::to_string(huge) + ": wrong at " + std::to_string(i));
         },
         cfg);
-    for (const auto& h : got) {
-      BOOST_TEST_CONTEXT("huge_pages=" << huge) {
+    for (std::size_t r = 0; r < got.size(); ++r) {
+      const auto& h = got[r];
+      BOOST_TEST_CONTEXT("huge_pages=" << huge << " rank " << r) {
+        BOOST_TEST(strides[r] == strides[0]);
+        BOOST_TEST(strides[r] % 4096u == 0u);
         if (huge == 1) {
           BOOST_TEST(h.region_bytes > 0u);
           BOOST_TEST(h.region_bytes % (2u << 20) == 0u);
+          // Regions on 2 MiB pages start a multiple of 8 MiB apart (config::region_align_bytes):
+          // here 5 MiB of pool makes a region of less than 8 MiB, so the allreduces above ran
+          // across a gap.
+          BOOST_TEST(strides[r] % (8u << 20) == 0u);
+          BOOST_TEST(strides[r] >= h.region_bytes);
+          BOOST_TEST(strides[r] - h.region_bytes < (8u << 20));
+          BOOST_TEST(strides[r] > h.region_bytes);
           if (can) BOOST_TEST(h.bytes == h.region_bytes, h.why);
           else BOOST_TEST(!h.why.empty());
         } else {
@@ -306,6 +319,48 @@ BOOST_AUTO_TEST_CASE(huge_pages_back_every_region_or_say_why) {
                         kft::usage_error, [](const kft::usage_error& e) {
                           return std::string(e.what()).find("huge_pages") != std::string::npos;
                         });
+}
+
+BOOST_AUTO_TEST_CASE(region_align_bytes_sets_the_distance_between_ranks_regions) {
+  // An explicit multiple of the pages: 2 MiB with huge pages packs the regions end to end, 12 MiB
+  // spaces them so (both ranks compute the same and the data go across).
+  for (std::size_t align : {std::size_t{2} << 20, std::size_t{12} << 20}) {
+    auto cfg = small_config("align" + std::to_string(align >> 20));
+    cfg.huge_pages = 1;
+    cfg.pool_bytes = 5u << 20;
+    cfg.region_align_bytes = align;
+    std::vector<std::size_t> strides(2), regions(2);
+    with_ranks(
+        2, cfg.name,
+        [&](shm::communicator& comm) {
+          strides[static_cast<std::size_t>(comm.rank())] = comm.region_stride();
+          regions[static_cast<std::size_t>(comm.rank())] = comm.huge_pages().region_bytes;
+          auto a = comm.allocate<float>(1u << 20);
+          std::fill(a.begin(), a.end(), static_cast<float>(comm.rank() + 1));
+          comm.allreduce(a, kft::ops::sum);
+          if (std::any_of(a.begin(), a.end(), [](float x) { return x != 3.0f; }))
+            throw std::runtime_error("region_align_bytes=" + std::to_string(align) + ": wrong sum");
+        },
+        cfg);
+    BOOST_TEST_CONTEXT("region_align_bytes=" << align) {
+      BOOST_TEST(strides[0] == strides[1]);
+      BOOST_TEST(strides[0] % align == 0u);
+      BOOST_TEST(strides[0] >= regions[0]);
+      BOOST_TEST(strides[0] - regions[0] < align);
+    }
+  }
+  // Not a multiple of the pages: refused at construction, naming the setting and the value.
+  for (auto [huge, align] : {std::pair{1, std::size_t{3} << 20}, std::pair{0, std::size_t{5000}}}) {
+    auto bad = small_config("alignbad" + std::to_string(huge));
+    bad.huge_pages = huge;
+    bad.region_align_bytes = align;
+    BOOST_CHECK_EXCEPTION(shm::communicator(std::make_shared<kft::rendezvous::memory_store>(), 0, 1, bad),
+                          kft::usage_error, [&](const kft::usage_error& e) {
+                            const std::string m = e.what();
+                            return m.find("region_align_bytes") != std::string::npos &&
+                                   m.find(std::to_string(align)) != std::string::npos;
+                          });
+  }
 }
 
 BOOST_AUTO_TEST_CASE(mismatch_is_reported_on_both_sides) {

@@ -20,7 +20,7 @@
 /// MPI when it is initialised, else Gloo). The group's `description()` says which it is.
 ///
 /// Environment read here: `KFT_SHM_TUNING` (a file from bench/tune_shm.py), `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES`,
-/// `KFT_SHM_STREAMING_BYTES`, `KFT_SHM_HUGE_PAGES`, `KFT_PROGRESS_AFFINITY`, `KFT_RUN_ID`/`TORCHELASTIC_RUN_ID` (segment names), `KFT_ALGO`,
+/// `KFT_SHM_STREAMING_BYTES`, `KFT_SHM_HUGE_PAGES`, `KFT_SHM_REGION_ALIGN`, `KFT_PROGRESS_AFFINITY`, `KFT_RUN_ID`/`TORCHELASTIC_RUN_ID` (segment names), `KFT_ALGO`,
 /// `KFT_MPI_CHECK`, `KFT_INTER_NODE`, `KFT_SOCKET_IFNAME`, `KFT_HOST_ID` (through topology).
 #pragma once
 

@@ -32,6 +32,7 @@ namespace group {
 /// then `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES` and `KFT_SHM_STREAMING_BYTES` applied
 /// (like NCCL_BUFFSIZE: buffers resized without recompiling; all ranks must see the same values,
 /// which the segment header checks), `KFT_SHM_HUGE_PAGES` (`auto`, `1`, `0`: config::huge_pages),
+/// `KFT_SHM_REGION_ALIGN` (bytes, 0 for the default: config::region_align_bytes),
 /// and `KFT_PROGRESS_AFFINITY` (`auto`: the progress thread
 /// bound to the local rank's CPU, the default; `none`: left to the scheduler).
 /// @throws config_error naming a malformed or out-of-range variable, an unreadable tuning file,
@@ -72,6 +73,7 @@ inline shm::config shm_config(const environment& env, shm::config base = {}) {
                          error_site::of(std::string(ctx)));
     base.huge_pages = *v == "auto" ? -1 : (*v == "1" ? 1 : 0);
   }
+  if (auto v = env_int(env, "KFT_SHM_REGION_ALIGN", 0, 1 << 30, ctx)) base.region_align_bytes = static_cast<std::size_t>(*v);
   if (auto v = env.get("KFT_PROGRESS_AFFINITY"); v && !v->empty()) {
     if (*v != "auto" && *v != "none")
       throw config_error("KFT_PROGRESS_AFFINITY", *v,

@@ -163,6 +163,10 @@ class communicator : public typed_collectives<communicator> {
     return {s_->huge_bytes, s_->huge ? s_->region_bytes : 0, s_->huge_note};
   }
 
+  /// @brief Bytes from one rank's region of the segment to the next: its size rounded up to
+  /// `config::region_align_bytes` (8 MiB by default with 2 MiB pages; the gap is never touched).
+  std::size_t region_stride() const noexcept { return s_->region_stride; }
+
   /// @brief What algo::automatic runs for this collective and message size; `zero_copy` says
   /// the input is a buffer from `allocate()` (no copy-in, which moves the crossovers).
   algo choose(collective c, std::size_t bytes, bool zero_copy = false) const { return s_->choose(c, bytes, zero_copy); }

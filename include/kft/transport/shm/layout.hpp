@@ -25,7 +25,7 @@ inline constexpr std::uint64_t segment_magic = 0x316d68732d74666bULL;  // "kft-s
 /// sharing one node refuse each other by it (2: `rank_ctrl::done`; 5: the mailbox's head line
 /// holds a signature hash and 48 bytes of data, the full signature the line before; 6: regions
 /// aligned to 2 MiB when huge pages are on, `header::huge`; 7: `signature::refused`).
-inline constexpr std::uint32_t layout_version = 7;
+inline constexpr std::uint32_t layout_version = 8;
 inline constexpr std::uint64_t no_offset = ~0ULL;
 
 /// What a rank is doing in one call; compared across ranks.
@@ -95,6 +95,7 @@ struct alignas(64) header {
   std::uint32_t nranks;
   std::uint32_t version;
   std::uint64_t small_bytes, staging_bytes, pool_bytes;
+  std::uint64_t region_stride;     // bytes from one rank's region to the next (config::region_align_bytes)
   std::uint64_t claim_from_bytes;  // the direct allreduce's claimed blocks: from this size,
   std::uint32_t claims;            // when 1 (every rank must agree: state.hpp)
   std::uint32_t huge;              // regions aligned for 2 MiB pages (config::huge_pages, resolved)

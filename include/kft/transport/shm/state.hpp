@@ -52,7 +52,7 @@ struct state {
   detail::header* hdr = nullptr;
   detail::rank_ctrl* ctrl = nullptr;
   unsigned char* regions = nullptr;
-  std::size_t region_bytes = 0, small_off = 0, slot_bytes = 0, staging_off = 0, pool_off = 0;
+  std::size_t region_bytes = 0, region_stride = 0, small_off = 0, slot_bytes = 0, staging_off = 0, pool_off = 0;
   std::vector<const void*> srcs;      // reduction sources, sized once: no allocation per call
   std::vector<void*> dsts;             // the direct allreduce's outputs (p > 2, streamed), sized once
   // The direct zero-copy allreduce in place (p > 2) reduces and copies this much at a time.
@@ -103,7 +103,15 @@ struct state {
     staging_off = detail::round_up(2 * slot_bytes, page);
     pool_off = staging_off + 2 * cfg.staging_bytes;
     region_bytes = detail::round_up(pool_off + cfg.pool_bytes, align);
-    const std::size_t total = regions_off + region_bytes * static_cast<std::size_t>(p);
+    const std::size_t stride_align = cfg.region_align_bytes ? cfg.region_align_bytes : (huge ? 8u << 20 : page);
+    if (stride_align % align != 0 || stride_align > (std::size_t{1} << 30))
+      throw usage_error("shm config: region_align_bytes (KFT_SHM_REGION_ALIGN) must be a multiple of the regions' " +
+                            std::string(huge ? "2 MiB" : "4 KiB") + " pages, at most 1 GiB, not " +
+                            std::to_string(stride_align),
+                        site("shm init", 0));
+    region_stride = detail::round_up(region_bytes, stride_align);
+    // The last region needs no gap after it.
+    const std::size_t total = regions_off + region_stride * static_cast<std::size_t>(p - 1) + region_bytes;
 
     // One segment per communicator instance: ranks that build several get matching keys.
     const std::string scope = "shm/" + cfg.name + "/";
@@ -129,6 +137,7 @@ struct state {
       hdr->small_bytes = cfg.small_bytes;
       hdr->staging_bytes = cfg.staging_bytes;
       hdr->pool_bytes = cfg.pool_bytes;
+      hdr->region_stride = region_stride;
       hdr->claim_from_bytes = cfg.claim_from_bytes;
       hdr->claims = claims ? 1u : 0u;
       hdr->huge = huge ? 1u : 0u;
@@ -148,16 +157,17 @@ struct state {
                           site("shm init", 0));
       if (hdr->nranks != static_cast<std::uint32_t>(p) || hdr->small_bytes != cfg.small_bytes ||
           hdr->staging_bytes != cfg.staging_bytes || hdr->pool_bytes != cfg.pool_bytes ||
+          hdr->region_stride != region_stride ||
           hdr->claim_from_bytes != cfg.claim_from_bytes || hdr->claims != (claims ? 1u : 0u) ||
           hdr->huge != (huge ? 1u : 0u))
         throw usage_error("local ranks disagree on the shm communicator's configuration (size " +
                               std::to_string(hdr->nranks) + " vs " + std::to_string(p) +
-                              ", or buffer sizes, or claim_blocks / claim_from_bytes, or huge_pages)",
+                              ", or buffer sizes, or claim_blocks / claim_from_bytes, or huge_pages, or region_align_bytes)",
                           site("shm init", 0));
     }
     // My own region in 2 MiB pages, taken from my own process (NUMA placement); then its first
     // touch from here (with 2 MiB pages one fault per 2 MiB), then mark ready.
-    if (huge) huge_bytes = seg.back_with_huge_pages(regions_off + region_bytes * static_cast<std::size_t>(me),
+    if (huge) huge_bytes = seg.back_with_huge_pages(regions_off + region_stride * static_cast<std::size_t>(me),
                                                     region_bytes, huge_note, site("shm init", 0));
     std::memset(region(me), 0, region_bytes);
     ctrl[me].pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
@@ -175,7 +185,7 @@ struct state {
     }
   }
 
-  unsigned char* region(int r) const { return regions + region_bytes * static_cast<std::size_t>(r); }
+  unsigned char* region(int r) const { return regions + region_stride * static_cast<std::size_t>(r); }
   detail::mailbox& box(int r, std::uint64_t parity) const {
     return *reinterpret_cast<detail::mailbox*>(region(r) + small_off + (parity & 1) * slot_bytes);
   }
