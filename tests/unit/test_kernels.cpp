@@ -5,6 +5,7 @@
 #define BOOST_TEST_MODULE kft_kernels
 #include <boost/test/unit_test.hpp>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -221,6 +222,17 @@ void reduce_all_case(dtype t) {
             }
 }
 
+// Two inputs of 1001 values in the 16-bit format F: i / 4, and `constant` throughout.
+template <class F>
+std::array<std::vector<std::uint16_t>, 2> inputs16(float constant) {
+  std::array<std::vector<std::uint16_t>, 2> in{std::vector<std::uint16_t>(1001), std::vector<std::uint16_t>(1001)};
+  for (std::size_t i = 0; i < in[0].size(); ++i) {
+    in[0][i] = F::from_float(static_cast<float>(i) * 0.25f);
+    in[1][i] = F::from_float(constant);
+  }
+  return in;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(reduce_all_writes_every_destination) {
@@ -230,11 +242,7 @@ BOOST_AUTO_TEST_CASE(reduce_all_writes_every_destination) {
   reduce_all_case<std::int64_t>(dtype::i64);
   reduce_all_case<std::uint8_t>(dtype::u8);
   // 16-bit formats reduce into the first, then copy: the same bits everywhere.
-  std::vector<std::uint16_t> x(1001), y(1001);
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    x[i] = kft::bfloat16::from_float(static_cast<float>(i) * 0.25f);
-    y[i] = kft::bfloat16::from_float(-0.75f);
-  }
+  const auto [x, y] = inputs16<kft::bfloat16>(-0.75f);
   const void* srcs[] = {x.data(), y.data()};
   std::vector<std::uint16_t> a(x.size()), b(x.size()), c(x.size());
   void* dsts[] = {a.data(), b.data(), c.data()};
@@ -252,11 +260,7 @@ BOOST_AUTO_TEST_CASE(reduce_copy_writes_both_destinations) {
   reduce_copy_case<std::int64_t>(dtype::i64);
   reduce_copy_case<std::uint8_t>(dtype::u8);
   // 16-bit formats take the reduce-then-copy path: the same values in both.
-  std::vector<std::uint16_t> x(1001), y(1001);
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    x[i] = kft::half::from_float(static_cast<float>(i) * 0.25f);
-    y[i] = kft::half::from_float(1.5f);
-  }
+  const auto [x, y] = inputs16<kft::half>(1.5f);
   const void* srcs[] = {x.data(), y.data()};
   std::vector<std::uint16_t> a(x.size()), b(x.size());
   kft::kernels::reduce_copy(a.data(), b.data(), true, srcs, 2, x.size(), dtype::f16, op_kind::sum, 2);
