@@ -82,7 +82,7 @@ struct config {
   /// 4 KiB otherwise; anything else must be a multiple of the pages (2 MiB or 4 KiB), at most 1 GiB. Measured on
   /// a 2-vCPU AMD EPYC Zen 5 VM, 4 ranks, 64-256 MiB zero-copy, 2 MiB pages: regions 2-6 MiB
   /// past a multiple of 64 MiB apart (what a power-of-two pool gives) ran at 6-9 GB/s busbw,
-  /// any multiple of 8 MiB at 9-16 (docs/algorithms.md "Pages"). `KFT_SHM_REGION_ALIGN`.
+  /// any multiple of 8 MiB at 9-16 (docs/algorithms.md "Where the regions sit"). `KFT_SHM_REGION_ALIGN`.
   std::size_t region_align_bytes = 0;
 };
 
