@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The communicator a *_perf program measures (--backend), behind one small interface so the
 // harness is written once: kft's shared-memory transport (shm), kft's MPI communicator (mpi),
 // the CPU process group (group: shared memory per node + MPI between nodes) and NCCL (nccl,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The communicators a *_perf program measures and the shared-memory control, compiled once and
 // linked into every program (the transports' templates are most of a program's compile time).
 #include <cstdlib>

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Repeat a collective bench with --algos and report, per size, the median busbw of every
 forced algorithm, the one kft's automatic choice picks, and how close that choice is to the best;
 with --peers also the medians of the peer columns (memcpy, Open MPI default and tuned, Gloo) and,

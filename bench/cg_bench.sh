@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Example 06's CG solver: iterations per second with kft's allreduce vs MPI_Allreduce for its two
 # dot products per iteration (8-byte allreduces: the latency case), in one run per layout. Each
 # row is one `mpirun ... 06-poisson-cg --allreduce both`: the two solves alternate, --rounds

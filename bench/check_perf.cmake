@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Runs one *_perf benchmark for CTest and passes only if it exits 0 and reports no wrong values
 # (and, with -DEXPECT=<regex>, its output matches that too).
 #   cmake "-DCOMMAND=mpirun;-np;2;.../allreduce_perf;-b;8" -P check_perf.cmake

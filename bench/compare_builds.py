@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Two builds of kft, the same bench, alternating runs: did a change slow anything down?
 
   python3 bench/compare_builds.py --before /tmp/old/build --after build-tests --runs 5 \\

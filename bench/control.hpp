@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ranks' own coordination in a *_perf program (barriers, combined times, gathered lines),
 // apart from the communicator being measured.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // all_reduce_perf for kft's CUDA IPC communicator (kft/transport/cuda_ipc), in nccl-tests'
 // columns. It starts its ranks itself (processes meeting through a file store in a temporary
 // directory), rank r on GPU r % GPUs: with one GPU every rank shares it, and the GPU time-slices

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Starting the ranks of a single-node CUDA bench: p copies of this program, each told its rank,
 // the rank count and a file-store directory through KFT_PERF_RANK / KFT_PERF_SIZE /
 // KFT_PERF_STORE. Shared by cuda_ipc_perf and ddp_overlap_cuda (CUDA IPC needs its ranks to be

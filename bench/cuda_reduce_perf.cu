@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kft's CUDA reduction kernels (kft/kernels/cuda_reduce.cuh) against cudaMemcpy device to
 // device on the same GPU, in one run: for each size, dtype, op and number of inputs k, the
 // kernel's time and bandwidth (k inputs read + 1 output written, per byte of the message)

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """The DDP reducer's numbers in one script, 2 ranks, rounds alternating every variant.
 
     /usr/bin/python3 bench/ddp_bench.py [--build build-tests] [--rounds 5] [--no-torch]

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Bucketing, measured beside its anchor: what fusing 200 gradients into buckets saves over one
 allreduce per tensor, on 2 ranks, over kft's shared memory, over Gloo, and in PyTorch 1.13's DDP.
 

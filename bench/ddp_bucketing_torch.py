@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """The anchor of `ddp_perf bucketing`: PyTorch 1.13's own DDP buckets against one allreduce per
 tensor, over gloo, on the same gradient sizes (Debian's python3-torch, under torchrun).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ddp_common.hpp: what the DDP benches (ddp_overlap, ddp_perf) share: the job's process group
 // (any launcher kft discovers), sizes with K/M/G suffixes, medians, and the slowest rank's time.
 #pragma once

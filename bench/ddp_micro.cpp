@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ddp_micro: Google Benchmark micro-benchmarks of the DDP layer's hot paths.
 //
 //     build-tests/bench/ddp_micro                         # all

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ddp_overlap: how much of the DDP reducer's communication hides behind the backward pass.
 //
 //     kftrun --nproc-per-node 2 -- build-tests/bench/ddp_overlap --layers 8 --layer-bytes 2M --cap 4M

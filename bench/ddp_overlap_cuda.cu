@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ddp_overlap_cuda: how much of the DDP reducer's communication hides behind a GPU backward
 // pass, with the reducer over kft's CUDA IPC communicator (kft/ddp/cuda.hpp): buckets in device
 // memory, each bucket's allreduce on the communicator's stream behind a CUDA event recorded on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ddp_perf: the DDP reducer against what users do without it, measured in one run.
 //
 //     kftrun --nproc-per-node 2 -- build-tests/bench/ddp_perf bucketing

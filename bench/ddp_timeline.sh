@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Draws the DDP timeline picture of docs/ddp.md: two steps of bench/ddp_overlap on 2 ranks
 # with KFT_TIMELINE set (one Chrome-trace JSON per rank), turned into a Gantt chart by
 # bench/plot_timeline.py (matplotlib, Debian's /usr/bin/python3).

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """kft's DDP trainer beside PyTorch 1.13 on the Fashion-MNIST MLP, in one script.
 
     /usr/bin/python3 bench/fashion_mnist_peers.py [--build build-tests] [--epochs 5]

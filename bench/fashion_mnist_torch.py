@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """The PyTorch side of bench/fashion_mnist_peers.sh: the same MLP, data, batch, learning rate,
 epochs, evaluation schedule and target as examples/05-fashion-mnist, in PyTorch (Debian's
 python3-torch under /usr/bin/python3), as one process or as DDP (gloo) under torchrun.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // harness.hpp: nccl-tests' *_perf for kft's communicators, written once. Each collective has a
 // short file (all_reduce.cpp, broadcast.cpp, reduce_scatter.cpp, all_gather.cpp) with what is
 // its own (sizes, bus factor, in-place offsets, the call, the check), as nccl-tests' src/<coll>.cu

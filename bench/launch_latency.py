@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Start-to-first-rendezvous: kftrun vs torchrun on the same trivial program, in one run.
 
     /usr/bin/python3 bench/launch_latency.py BUILD_DIR [--nproc 2] [--runs 15]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* mpi_allreduce_loop.c: the peer column of bench/shm_peers.py. A plain MPI_Allreduce loop (float
  * sum, out of place, one send and one receive buffer of the largest size reused for every size and
  * call, as an MPI code does), compiled once per MPI implementation (bench/CMakeLists.txt builds it

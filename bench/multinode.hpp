@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // allreduce_perf across nodes: kft's flat and hierarchical allreduce against MPI_Allreduce, all
 // timed in the same run, with the bytes each node sent across nodes counted from its network
 // interfaces. The group between nodes is MPI's (kft::group::mpi_group), or Gloo's with

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # allreduce across network-namespace "hosts" on one machine, with each host's link throttled:
 # kft hierarchical vs kft flat vs MPI_Allreduce, and the bytes each node sent (its interface
 # counters), in one run. Needs root, iproute2 (tc) and a built tree.

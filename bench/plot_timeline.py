@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Gantt chart of a DDP run from the per-rank timelines kft writes with KFT_TIMELINE=dir.
 
     KFT_TIMELINE=/tmp/tl kftrun --nproc-per-node 2 -- build-tests/bench/ddp_overlap --ratios 2 --steps 3

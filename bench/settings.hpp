@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every *_perf program is told (its flags) and how it was started: shared by the harness
 // and bench/backends.cpp (the communicators, compiled once for all the programs).
 #pragma once

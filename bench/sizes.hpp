@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // nccl-tests' size arguments, shared by every bench program: a number with an optional K, M
 // or G suffix (powers of 1024), e.g. "256K".
 #pragma once

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What plain TCP carries through the bench's throttled links: one process per namespace host,
 each sending BYTES to the next host and receiving BYTES from the previous one at the same time
 (the traffic of one ring step: every host's egress carries its data and the ACKs of what it

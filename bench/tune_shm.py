@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Measure this machine and write the shared-memory tuning file kft then uses:
 
   python3 bench/tune_shm.py --build build --out kft-shm-tuning.txt

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """ZeRO stage 1 beside the replicated optimizer, in one script: example 05 (the DDP trainer on
 Fashion-MNIST) with AdamW on 2 ranks under kftrun, the optimizer state replicated (--zero 0) and
 sharded (--zero 1), 1 BLAS thread per rank, runs interleaved, each row the median of 3 by the

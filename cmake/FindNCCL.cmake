@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # FindNCCL
 # --------
 # Finds NVIDIA's NCCL (headers and shared library) and defines the imported target

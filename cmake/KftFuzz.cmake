@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # kft's libFuzzer targets (tests/fuzz/) as a standing check, from the tests' CMakeLists.
 #
 #   KFT_FUZZ = AUTO (build and run them when clang++ with libFuzzer is found), ON (must be found),

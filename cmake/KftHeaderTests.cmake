@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # kft_add_header_tests(<target> <include-root>)
 #
 # Generates one translation unit per public header (each includes its header twice, so a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The README's "main job" command: data-parallel training of an MLP on Fashion-MNIST with kft's
 # DDP trainer, on every core of this machine over shared memory, started by kftrun. It installs
 # the Debian packages it needs (the dataset is Debian's dataset-fashion-mnist), builds the

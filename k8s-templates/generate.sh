@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Writes every template in this folder with kft-manifest. A test (tests/manifest, "templates")
 # fails when a committed template differs from what the tool writes today, so after changing
 # the tool run:   bash k8s-templates/generate.sh build/tools/kft-manifest k8s-templates

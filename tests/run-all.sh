@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The README's test command: installs what the tests need, builds everything with warnings
 # as errors, and runs the whole suite with CTest (unit, MPI, torchrun, a real Slurm cluster
 # started and stopped by the suite, package consumption, header checks, the fault matrix,

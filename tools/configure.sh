@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Configures a kft build directory the way the README's commands do: warnings as errors, MPI,
 # hwloc and Gloo required, CUDA and NCCL required when the CUDA toolkit is installed (then the GPU
 # headers are compiled with nvcc; no GPU is needed for that).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the Debian 12 packages kft's build, tests and demo use. Idempotent: installs only
 # what is missing, and runs apt-get update only then. Needs root (or sudo).
 #

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Example 01: who am I in this job?
 //
 // The same binary, started by mpirun, srun, torchrun or a Kubernetes pod (or by hand),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Example 02: meet the other ranks through the job's store.
 //
 // Under kftrun the store is already there (kftrun's node-0 agent hosts it and tells every

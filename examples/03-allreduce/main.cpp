@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Example 03: allreduce inside a node through shared memory.
 //
 //   kftrun --nproc-per-node 2 -- build/examples/03-allreduce

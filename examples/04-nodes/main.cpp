@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Example 04: allreduce across nodes: shared memory inside each node, MPI between them.
 //
 //   mpirun -np 4 build/examples/04-nodes                     # one machine: one node

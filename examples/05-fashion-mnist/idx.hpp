@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // idx.hpp: the IDX file format of (Fashion-)MNIST, read from plain or gzip-compressed files.
 //
 // An IDX file is a 4-byte magic (0, 0, element type, number of dimensions), one big-endian

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Example 05: data-parallel training of an MLP on Fashion-MNIST with kft's DDP trainer.
 //
 //   kftrun --nproc-per-node 2 -- build/examples/05-fashion-mnist

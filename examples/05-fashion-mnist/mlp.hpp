@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mlp.hpp: a multi-layer perceptron (ReLU hidden layers, softmax cross-entropy) whose matrix
 // products go through CBLAS (OpenBLAS), written as a kft::ddp::model: its backward pass hands
 // each layer's gradients to the trainer as soon as they are final, last layer first, so the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // widths.hpp: the --hidden option of the Fashion-MNIST examples (05 on CPUs, 08 on GPUs):
 // comma-separated hidden layer widths, each 1..65536, refused with CLI11's validation error.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Example 06: an MPI code that drops kft's headers in: a distributed conjugate-gradient solver
 // for the 2D Poisson problem.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Example 07: a libtorch (PyTorch C++) model trained data-parallel with kft's DDP.
 //
 //   kftrun --nproc-per-node 2 -- build/examples/07-libtorch-ddp                 (your own loop)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mlp_cuda.cuh: example 05's multi-layer perceptron (ReLU hidden layers, softmax
 // cross-entropy) on one CUDA device, written as a kft::ddp::model for the trainer over a GPU
 // group. Matrix products go through cuBLAS, the rest (gathering and normalising the batch, bias

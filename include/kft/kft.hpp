@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/kft.hpp
 /// @brief The portable core of kft: errors, environment, discovery, the rendezvous store and
 /// the shared-memory collectives.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one reference of kft's collective tests: inputs, expected results, element access through
 // a dtype, and the tolerance each dtype/op pair gets (conformance suite, MPI, hierarchical and
 // NCCL tests).

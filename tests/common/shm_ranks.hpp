@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ranks as threads for unit tests: body(group) runs on p threads, each with a process group
 // over its own shared-memory communicator (one segment per call), and the exception text of
 // each rank comes back ("" when none). Used by the DDP, trainer and libtorch tests.

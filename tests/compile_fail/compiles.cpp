@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The control: the valid form of the calls the other files get wrong compiles (so a failure
 // there is the misuse, not a broken include path).
 #include <span>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // EXPECT: no matching function for call to .*allreduce
 // An output span of const elements: the result could not be written.
 #include <span>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // EXPECT: (constraints not satisfied|async_communicator)
 // The process group owns only what satisfies kft's communicator contract.
 #include <kft/group/process_group.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // EXPECT: m.evaluate\(idx\)
 // A model without evaluate(): the trainer's concept names the missing member.
 #include <cstdint>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // EXPECT: reduction
 // A reduction that is not one of kft::ops (the backends could not recognise it).
 #include <functional>

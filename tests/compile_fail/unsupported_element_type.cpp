@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // EXPECT: kft: unsupported element type
 // A collective on an element type kft has no dtype for.
 #include <span>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The conformance suite: every communicator that claims kft's contract (transport/concepts.hpp)
 // runs the same named cases, one per collective x algorithm x dtype x op x count x in/out of
 // place (x root for broadcast), checked element by element against tests/common/reference.hpp,

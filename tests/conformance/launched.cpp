@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Conformance in processes started by a launcher without MPI (kftrun agents, torchrun, a pod
 // per node): the Gloo communicator over every rank ("gloo"), and the process group the factory
 // makes for the job ("group": shared memory per node + Gloo between nodes, flat and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Conformance under mpirun, one rank per process: kft's MPI communicator, the shared-memory
 // transport across processes (when every rank is on one node), and the CPU process group
 // (shared memory per node + MPI between nodes; KFT_HOST_ID splits one machine into nodes). Every rank registers the same cases in the same order and runs each collectively;

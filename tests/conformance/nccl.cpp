@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Conformance of the NCCL communicator (ranks as threads, one GPU each, device buffers).
 // Without a CUDA device it exits 77 (CTest: skipped) saying why.
 #define BOOST_TEST_ALTERNATIVE_INIT_API

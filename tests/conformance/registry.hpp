@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Registers the conformance cases as named Boost.Test cases: suite "<factory>_p<ranks>", then
 // "<collective>", then one case per spec, so one combination runs alone, e.g.
 //   test_conformance_shm --run_test=shm_p3/allreduce/two_shot_bf16_avg_n4099_in_place

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Conformance of the communicators whose ranks can be threads of one process: the shared-memory
 // transport, the type-erased process group over it, and (with Gloo) the Gloo communicator over
 // TCP on 127.0.0.1 and the CPU group with Gloo between two "nodes" (host identities a, a, b, b). One pool of rank threads (each with its

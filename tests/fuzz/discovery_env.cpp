@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Discovery from a fuzzed environment: every environment-only backend's detect(env), then
 // kft::discover_report(env) over the default precedence, its text and its JSON form.
 //

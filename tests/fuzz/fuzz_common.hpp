@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every kft fuzz target shares: the rule that kft fails only with its own exceptions, and
 // a loud abort (which libFuzzer records as a crash, with the input) when something else happens.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kftrun's command line: the input is one argument per line, given after "kftrun" to the
 // parser kftrun's main() uses (tools/kftrun/cli.hpp: every flag, its PET_*/KFT_* form, the
 // checks that follow). The agent is never started.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes the fuzz targets' seed corpora (tests/fuzz/corpus/<target>/): a few small, realistic
 inputs each. Run it after changing a seed here; the files are committed.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kft-manifest's command line: the input is one argument per line, given after "kft-manifest"
 // to the tool itself (tools/kft-manifest/main.cpp compiled into this target, its main()
 // renamed), so every flag's conversion, kft::manifest::validate and the writers run.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kft-manifest's job files: the input is a YAML job file, given to the tool itself
 // (tools/kft-manifest/main.cpp compiled into this target, its main() renamed) as
 // `kft-manifest <trainjob|runtime|mpijob|sbatch> --job-file <input> -o -`, so the whole path runs:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs one libFuzzer target the way CTest does (docs/fuzzing.md).
 #
 #   run-fuzz.sh fuzz    BINARY SEEDS_DIR WORK_DIR SECONDS [libFuzzer flags...]

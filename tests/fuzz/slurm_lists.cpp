@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Slurm's compressed lists: the whole input is given to expand_hostlist (`node[01-04,7],gpu-[1-2]`)
 // and to expand_tasks_per_node (`2(x3),1`).
 //

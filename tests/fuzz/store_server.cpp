@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The TCP store server (kft/rendezvous/tcp_store_server.hpp) against fuzzed connections.
 //
 // One server per process (127.0.0.1, any port, token "t", log discarded). Per input: connect;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The TCP store's wire codec in process (kft/rendezvous/detail/tcp_wire.hpp), against a
 // reference decoder written here from the format's description.
 //

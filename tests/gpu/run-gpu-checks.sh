@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Every GPU check of kft in one run (a few minutes on one GPU), printing what it measured:
 #  - a NCCL communicator of 1 rank; 2 ranks as threads and as 2 processes (NCCL refuses two
 #    ranks of one communicator on one GPU: then its answer is printed as a SKIP line);

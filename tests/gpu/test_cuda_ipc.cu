@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA IPC communicator (kft/transport/cuda_ipc/communicator.cuh) between real processes:
 // this program starts itself as 2, 3 and 4 ranks (KFT_CUDA_IPC_RANKS, e.g. "2 4") meeting through
 // a file store, all on GPU 0 unless there are more (CUDA IPC works between processes sharing one

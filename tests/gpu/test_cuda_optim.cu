@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kft::ddp::cuda_sgd (kft/ddp/cuda_optim.cuh) on a real GPU against the host kft::ddp::sgd:
 // the same options, parameters and gradients over several steps (plain, momentum, dampening,
 // nesterov, weight decay, a gradient scale), equal within a few units in the last place (the

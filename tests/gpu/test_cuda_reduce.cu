@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kft's CUDA reduction kernels (kft/kernels/cuda_reduce.cuh) on a real GPU: every dtype x op x
 // number of inputs x count, aligned (16-byte vectors) and misaligned (element by element), in
 // place and out of place, checked element by element against the host reference; the same

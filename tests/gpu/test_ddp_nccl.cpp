@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The DDP reducer over NCCL (ranks as threads, one GPU each): bucket storage in device memory,
 // gradients written by the "backward" on a compute stream of the test's own (asynchronous
 // copies standing in for kernels), each bucket's allreduce ordered after them by an event, the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The NCCL communicator on real GPUs: set-up through a store, every dtype x op checked against a
 // host reference, broadcast / reduce-scatter / allgather / barrier, async requests, split, the
 // deadline paths (a rank that never arrives at initialisation, a stalled collective), the

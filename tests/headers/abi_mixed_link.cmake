@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Two objects built against differently configured kft installs must fail to link, because
 # the inline namespace (kft::v0_1_mpi1_... vs kft::v0_1_mpi0_...) differs; the same two
 # sources built against one configuration must link (the control).

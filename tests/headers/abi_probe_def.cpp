@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Defines a function taking a kft type; compiled against one kft configuration.
 #include <kft/kft.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Calls abi_probe; compiled against another kft configuration, it must not link.
 #include <kft/kft.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // In the all-off configuration config.hpp must say so, and the inline namespace must differ
 // from any configuration with a component on.
 #include <string_view>

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The DDP reducer across real processes.
 
     ddp_process_test.py DDP_WORKER KFTRUN MPIRUN SCENARIO

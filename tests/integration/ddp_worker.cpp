@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A rank of a real multi-process job running the DDP reducer over the job's process group
 // (shared memory under kftrun or by hand; shared memory per node + MPI between nodes under
 // mpirun with KFT_HOST_ID "nodes"). Driven by tests/integration/ddp_process_test.py. Modes:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The fault matrix: real 3-rank jobs under kftrun, one fault each, and what a user is owed.
 
     fault_matrix.py KFTRUN FAULT_WORKER PHASE      one phase's cases (startup, rendezvous, first,

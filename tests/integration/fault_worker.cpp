@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A rank of a real job under kftrun for the fault matrix and the soak
 // (tests/integration/fault_matrix.py). It meets the others through kft's store and runs
 // collectives on the job's process group.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """kft-info under fixed launcher environments. Malformed ones must exit 2 with a one-line
 message naming the variable and its value, never crash or print a world; disagreeing ones
 must print the decision and every other source that disagreed."""

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """kftrun, run for real: real processes, real sockets on loopback, real signals.
 
     kftrun_test.py KFTRUN KFT_INFO SCENARIO

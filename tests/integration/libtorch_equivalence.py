@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """kft's libtorch DDP against Python PyTorch DDP: the same weights, data order and SGD, K steps,
 parameters compared.
 

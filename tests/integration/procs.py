@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the Python process tests share: finding a test's processes by a marker in their command
 line, and checking that a job left nothing behind (/dev/shm entries, listening ports, files)."""
 import os

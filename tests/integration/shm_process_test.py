@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Shared-memory collectives across real processes.
 
     shm_process_test.py SHM_WORKER KFTRUN MPIRUN SCENARIO

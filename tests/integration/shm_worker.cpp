@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A rank of a real multi-process job using the shared-memory communicator, started by kftrun,
 // mpirun or by hand (tests/integration/shm_process_test.py). Modes:
 //   sweep      every collective on f32/bf16/i64 x sum/max/avg, counts 0..1Mi+3, in place and

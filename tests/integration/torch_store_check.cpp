@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // torch_store_check HOST PORT: every operation of kft's torch TCPStore client against a real
 // torch TCPStore server (hosted by torch_store_test.py, which checks the other side: what kft
 // wrote, torch reads, and the reverse). Prints one line per check; exits 1 on the first failure.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """kft's torch TCPStore client against the real thing (Debian's torch 1.13).
 
     /usr/bin/python3 torch_store_test.py build/tests/integration/torch_store_check

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A kft program under each of torchrun's forms, as users start it (Debian's torch 1.13).
 
     torchrun_forms.py TORCHRUN FORM --expect REGEX [--expect REGEX ...] -- PROGRAM [ARGS...]

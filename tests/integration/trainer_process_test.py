@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The DDP trainer across real processes under kftrun.
 
     trainer_process_test.py TRAINER_WORKER KFTRUN SCENARIO

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // trainer_worker: kft::ddp::trainer in real processes, for trainer_process_test.py.
 //
 //   trainer_worker --ckpt DIR --steps N --every K [--kill-rank R --kill-step S] [--kill-in-checkpoint S]

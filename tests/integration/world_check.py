@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Run a launcher that starts `kft-info --json` on every rank, and check that the ranks
 form one consistent world.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """kft-manifest end to end: every generated variant validates against the real CRDs, arguments
 survive YAML and shell quoting, bad input is refused before anything is written, and the
 generated jobs run: the TrainJob's command under the PET_* environment the Trainer injects (two

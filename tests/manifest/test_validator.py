@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Self-test of tests/manifest/validate.py (run by CTest with /usr/bin/python3).
 
 (a) every shipped runtime (<schemas>/runtimes) and every upstream example

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Offline validator for Kubeflow TrainJob / (Cluster)TrainingRuntime / MPIJob manifests.
 
 Usage:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MPI is initialised once per test process, around every Boost.Test case in the file, with
 // MPI_THREAD_MULTIPLE where the library provides it: kft's MPI communicator then progresses
 // asynchronous work on its own thread (the other path, MPI_Init's single thread, is what the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MPI_COMM_WORLD discovery backend, run under mpirun with several rank counts
 // (registered as discovery_mpi.<N>ranks). Checks every rank against MPI itself and the
 // world as a whole: each rank once, local views that add up, node numbering.

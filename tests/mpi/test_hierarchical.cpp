@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MPI communicator, node grouping, and flat vs hierarchical allreduce across "nodes", checked
 // against a reference computed locally. Ranks of one machine are split into nodes by host
 // identity (mpi_group_config::host here; KFT_HOST_ID in the launcher-level tests).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A TCP store set up through MPI: every rank publishes, every rank sees everyone.
 #define BOOST_TEST_MODULE kft_store_mpi
 #include <boost/test/unit_test.hpp>

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # An elastic job (kftrun --nnodes 2:3) of the DDP trainer across three network-namespace hosts,
 # Gloo between them: the agent of host 2 is killed -9 mid-training, the job goes on with hosts
 # 0 and 1 from the last checkpoint, then host 2's agent comes back and is taken in at the next

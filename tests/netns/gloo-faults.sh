@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Faults in a job across two network-namespace hosts with Gloo between them (no MPI): two kftrun
 # agents, two ranks each, allreducing with a 5 s deadline (tests/netns/gloo_fault_worker.cpp).
 # Each fault must end the whole job within the deadline + 5 s, with the culprit named in the

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # CPU collectives across nodes without MPI: one kftrun agent per "host", Gloo over TCP between
 # hosts, shared memory inside each. Runs the conformance binary (tests/conformance/launched.cpp:
 # the Gloo communicator and the factory's process group, every dtype/op/size, results compared

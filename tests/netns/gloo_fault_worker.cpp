@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A rank of a job that allreduces until something breaks (tests/netns/gloo-faults.sh): the
 // process group the factory makes (shared memory per node + Gloo between nodes) with a short
 // deadline. It writes its pid to <dir>/pid.<rank>, prints "ready", checks every result, and on

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Real multi-node runs on one machine: network-namespace "hosts" (tests/netns/netns-cluster.sh),
 # Open MPI started across them through an rsh agent that enters each namespace, shared memory
 # inside a host and TCP between hosts. Checks the node layout kft sees and the allreduce results

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # "Hosts" on one machine: network namespaces joined by a bridge, each with its own host name
 # (a UTS namespace per command), so MPI and kft see several nodes that talk over TCP.
 #

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # A Kubeflow TrainJob made by kft-manifest, run end to end on two network-namespace "pods":
 # each pod gets what the Trainer controller would give it (its host name <job>-node-0-<i>, the
 # headless service's DNS name for node 0 through a private /etc/hosts, the PET_* variables of

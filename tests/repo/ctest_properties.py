@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Checks over the registered tests' properties, read from CTest itself.
 
     python3 tests/repo/ctest_properties.py CTEST BUILD_DIR

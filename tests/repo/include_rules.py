@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The layers of include/kft/, checked over the #include lines (docs/architecture.md).
 
     python3 tests/repo/include_rules.py [REPO]

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The repository reads nothing outside itself: a clone placed anywhere passes its own tests.
 
     python3 tests/repo/self_contained.py [REPO]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kft's sanitizer runs: builds kft's tests and tools with a sanitizer and runs them with CTest.
 #
 #   tests/sanitizers/run.sh asan [BUILD_DIR]    AddressSanitizer + UndefinedBehaviorSanitizer

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Start/stop a throw-away Slurm cluster on localhost for the test suite.
 #
 #   slurm-cluster.sh start DIR NODES   # prints: export SLURM_CONF=DIR/slurm.conf

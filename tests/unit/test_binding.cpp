@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU binding of local ranks with hwloc: the plan covers the cores evenly, and applying it binds
 // the process (checked in forked children, so the test process keeps its own binding).
 #define BOOST_TEST_MODULE kft_binding

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The DDP reducer with ranks as threads over the shared-memory process group: bucket
 // assignment (a pure function), results against a fixed-order reference for 1-4 ranks, odd
 // sizes, mixed dtypes and ready orders shuffled per rank and per step, every error it raises,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Steady state of the DDP reducer over the shared-memory group: after warm-up (the first step
 // rebuilds the buckets), a training step allocates nothing on the heap (in any thread: the
 // ranks' and the progress engines') and copies no gradient byte (the buckets are the

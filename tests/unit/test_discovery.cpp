@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every discovery backend against fixed environments: the good cases, each malformed case,
 // the precedence between backends and the traps from docs/discovery.md.
 #define BOOST_TEST_MODULE kft_discovery

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Gloo communicator with ranks as threads over 127.0.0.1: the interface choice, refused
 // algorithms, asynchronous order, and what a failure says (a rank that never arrives, a rank
 // that aborts). The collectives' results are the conformance suite's (test_conformance_gloo).

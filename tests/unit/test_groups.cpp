@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Process groups without a launcher: the factory's choice, the type-erased group, async work's
 // rules (order, the destruction rule, deadlines), and errors that place a group in the job.
 #define BOOST_TEST_MODULE kft_groups

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reduction kernel against a plain scalar loop written here: every dtype and op, counts that
 // cover the unrolled vector body, single vectors and the scalar tail, in place and out of place,
 // and the 16-bit formats exhaustively (every bit pattern widened and rounded back, every pattern

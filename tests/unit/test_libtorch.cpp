@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kft's DDP for libtorch modules (kft/libtorch/), ranks as threads over the shared-memory
 // group: gradients are views into the reducer's buckets and come out of backward() averaged,
 // buckets are launched while backward still runs, no_sync accumulates, rank 0's weights reach

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Strict integer parsing of launcher variables, and the error message format.
 #define BOOST_TEST_MODULE kft_parse
 #include <boost/test/unit_test.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared-memory collectives with ranks as threads, beyond the conformance suite (which checks
 // every collective x algorithm x dtype x op x count, tests/conformance/): zero-copy buffers,
 // async work, mismatches, timeouts, aborts and bad arguments.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Steady state of the shared-memory collectives: after warm-up, calls allocate nothing and take
 // no page fault (all staging is pre-allocated and pre-faulted at construction).
 #define BOOST_TEST_MODULE kft_shm_steady_state

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Slurm's compressed host lists and task counts.
 #define BOOST_TEST_MODULE kft_slurm_lists
 #include <boost/test/unit_test.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The rendezvous stores: the same contract checked on the memory, file and TCP stores, then
 // what only the TCP store has (tokens, addresses, a server that goes away).
 #define BOOST_TEST_MODULE kft_store

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Node grouping: layouts from host identities, the store exchange, KFT_HOST_ID.
 #define BOOST_TEST_MODULE kft_topology
 #include <boost/test/unit_test.hpp>

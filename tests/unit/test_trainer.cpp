@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The DDP trainer and its parts: the distributed sampler, the optimizers, checkpoint files, the
 // IDX reader, and the trainer itself with ranks as threads over the shared-memory transport
 // (equivalence with one rank, deterministic mode across world sizes and bucket caps, uneven

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kft-info: prints what this rank discovered about the job and the host it runs on.
 //
 // Run it under any launcher (mpirun, srun, torchrun, kftrun, a Kubernetes pod) to see

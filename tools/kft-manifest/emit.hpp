@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kft-manifest's writers: YAML through yaml-cpp's emitter (every free-text scalar double-quoted
 // by the library, so "yes", "on", "1:2" and "a b" stay strings) and the Slurm script through
 // single-quote shell quoting.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kft-manifest: one job description -> a Kubeflow TrainJob, its ClusterTrainingRuntime, an
 // MPIJob or a Slurm batch script.
 //

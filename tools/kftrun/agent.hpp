@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kftrun: the node agent — meet the other agents, start the local workers, watch everyone,
 // stop and restart as a unit.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kftrun's command line: flags (and their PET_* / KFT_* environment forms) -> the agent's
 // options. Separate from main() so tests/fuzz/kftrun_args.cpp can drive it with any argv.
 #pragma once

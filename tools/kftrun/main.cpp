@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kftrun: start a kft (or torch-style) program on every node, torchrun's way, for C++ binaries.
 //
 //   kftrun --nproc-per-node 4 -- ./train --epochs 3

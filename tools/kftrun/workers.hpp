@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kftrun: the local worker group — start, watch, stop, and relay output.
 //
 // Every worker is its own process group (so a signal reaches whatever it started), dies with

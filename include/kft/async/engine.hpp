@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/async/engine.hpp
 /// @brief A progress engine: one FIFO worker thread per communicator (or group) that runs its
 /// asynchronous operations in submission order.

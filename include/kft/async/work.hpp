@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/async/work.hpp
 /// @brief `kft::async::work`: the one handle of an asynchronous operation, returned by every
 /// communicator (shm, mpi, nccl), every process group and the DDP reducer.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/collectives/allreduce_hierarchical.hpp
 /// @brief `hierarchical_allreduce<Intra, Inter>`: reduce inside the node, cross nodes with one
 /// shard per local rank (every node's links busy at once), gather inside the node.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/atomic_file.hpp
 /// @brief All-or-nothing file writes: a reader sees the old file, or the whole new one, never a
 /// torn one, whatever kills the writer.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/backoff.hpp
 /// @brief Waiting politely: spin briefly, then yield, then sleep with growing pauses.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/collective.hpp
 /// @brief The collectives every communicator provides, as named in messages, signatures and
 /// work handles.

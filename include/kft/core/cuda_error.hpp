@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/cuda_error.hpp
 /// @brief The one place where CUDA runtime return codes become kft exceptions (component
 /// `kft::cuda`): topology's device queries and the NCCL transport call `cuda_check`.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/deadline.hpp
 /// @brief A point in time a wait must not pass, and the one polling loop kft waits with.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/dtype.hpp
 /// @brief Element types kft moves and reduces, and the one trait that maps C++ types to them.
 ///

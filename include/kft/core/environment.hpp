@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/environment.hpp
 /// @brief A snapshot of the process environment that discovery reads.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/error.hpp
 /// @brief kft's one exception hierarchy.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/futex.hpp
 /// @brief Sleeping on a 32-bit word until another thread or process changes it (Linux futex,
 /// shared: works on a word inside a shared-memory segment mapped by several processes).

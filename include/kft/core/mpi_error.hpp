@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/mpi_error.hpp
 /// @brief The one place where MPI return codes become kft exceptions (component `kft::mpi`):
 /// discovery, topology, the MPI store bootstrap and the MPI transport all call `mpi_check`.

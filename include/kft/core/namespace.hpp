@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/namespace.hpp
 /// @brief The versioned inline namespace that wraps everything in kft.
 ///

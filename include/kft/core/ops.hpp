@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/ops.hpp
 /// @brief Reductions as function objects (`kft::ops::sum`, ...), recognised by every backend
 /// through their `kind`.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/options.hpp
 /// @brief Per-call options of collectives: `comm.allreduce(in, out, kft::ops::sum, {.algorithm =
 /// kft::algo::two_shot, .timeout = 30s})`.

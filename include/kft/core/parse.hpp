@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/parse.hpp
 /// @brief Strict parsing of the integers and lists launchers put in the environment.
 ///

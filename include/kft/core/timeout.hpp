@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/timeout.hpp
 /// @brief kft's one timeout setting, `KFT_TIMEOUT`, and every default deadline derived from it.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/token.hpp
 /// @brief Unpredictable job tokens (128 random bits, as 32 hex digits).
 #pragma once

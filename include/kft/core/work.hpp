@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/work.hpp
 /// @brief The handle of an asynchronous operation.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/ddp/buckets.hpp
 /// @brief Which parameters' gradients travel together: the bucket assignment of the DDP
 /// reducer, a pure function (tested without ranks).

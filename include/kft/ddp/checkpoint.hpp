@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/ddp/checkpoint.hpp
 /// @brief Checkpoint files: named sections, a checksum, written atomically, found by step.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/ddp/cuda.hpp
 /// @brief The DDP reducer over a GPU communicator (any with `device_buffers`, `stream()` and
 /// `device()`: kft::nccl::communicator): bucket storage in device memory, each bucket's

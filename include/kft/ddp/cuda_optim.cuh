@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/ddp/cuda_optim.cuh
 /// @brief `cuda_sgd`: torch.optim.SGD on device memory, for the trainer over a GPU group
 /// (nvcc: this header holds kernels).

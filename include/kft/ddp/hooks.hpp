@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/ddp/hooks.hpp
 /// @brief Communication hooks: how the DDP reducer reduces one bucket (c10d's comm hooks).
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/ddp/memory.hpp
 /// @brief Where the DDP reducer keeps bucket storage, and how it orders communication after the
 /// gradients are written: `bucket_memory<Group>`.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/ddp/optim.hpp
 /// @brief Optimizers for the DDP trainer: SGD with momentum and Adam/AdamW, PyTorch's update
 /// rules (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW), on f32 parameters.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/ddp/reducer.hpp
 /// @brief The DDP reducer: gradients live in buckets, each bucket is averaged across the ranks
 /// as soon as its last gradient is ready, while the rest of the backward pass still runs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/ddp/sampler.hpp
 /// @brief Which samples each rank trains on: PyTorch's DistributedSampler semantics, with a
 /// permutation of kft's own that is written down (so any language can reproduce it) and a

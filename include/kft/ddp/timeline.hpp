@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/ddp/timeline.hpp
 /// @brief A per-rank timeline of a DDP run, written as Chrome-trace JSON (chrome://tracing,
 /// Perfetto): when each gradient became ready, when each bucket was queued, when its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/ddp/trainer.hpp
 /// @brief The generic DDP trainer: your model and optimizer (layer 1) on kft's reducer and
 /// process group (layer 2), the way wrapping a model in DDP and a DistributedSampler does in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/backend.hpp
 /// @brief The concept every discovery backend satisfies, and the checks they share.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/discover.hpp
 /// @brief `kft::discover()`: turn the launcher's environment into a world_info.
 ///

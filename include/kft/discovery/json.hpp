@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/json.hpp
 /// @brief JSON form of world_info and discovery_report, through nlohmann::json.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/kubeflow.hpp
 /// @brief Kubeflow Trainer (TrainJob with the torch runtime): the `PET_*` variables.
 #pragma once

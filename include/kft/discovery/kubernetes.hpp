@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/kubernetes.hpp
 /// @brief Plain Kubernetes: Indexed Jobs, JobSet pods and MPI Operator pods.
 #pragma once

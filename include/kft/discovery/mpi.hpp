@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/mpi.hpp
 /// @brief Discovery from MPI itself (component `kft::mpi`).
 ///

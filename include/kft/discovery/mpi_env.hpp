@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/mpi_env.hpp
 /// @brief What MPI launchers put in the environment: Open MPI's `OMPI_COMM_WORLD_*` and
 /// the PMI-1/2 `PMI_RANK`/`PMI_SIZE` (MPICH/Hydra, Intel MPI, `srun --mpi=pmi2`).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/single.hpp
 /// @brief The fallback: no launcher, so this process is the whole job.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/slurm.hpp
 /// @brief Slurm job-step environment (`srun`).
 #pragma once

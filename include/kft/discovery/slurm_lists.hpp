@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/slurm_lists.hpp
 /// @brief Slurm's compressed host lists (`node[01-03,07],gpu-a[1-2]`) and task counts
 /// (`2(x3),1`).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/torchrun.hpp
 /// @brief torchrun / kftrun worker environment (torch.distributed's `env://` contract).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/discovery/world_info.hpp
 /// @brief Who this process is in the job: the result of discovery.
 #pragma once

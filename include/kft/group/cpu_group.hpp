@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/group/cpu_group.hpp
 /// @brief The CPU job across nodes: shared memory inside each node, any communicator between
 /// them, and the choice between flat and hierarchical allreduce.

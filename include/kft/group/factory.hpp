@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/group/factory.hpp
 /// @brief `make_process_group`: the right process group for this job, from what discovery
 /// found. The one place below the tools that reads kft's environment settings; every transport

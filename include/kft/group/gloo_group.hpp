@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/group/gloo_group.hpp
 /// @brief The CPU job across nodes with Gloo between them (component `kft::gloo`): for jobs no
 /// MPI launcher started (kftrun agents, torchrun, a Kubeflow TrainJob's pods).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/group/host_staged_allreduce.hpp
 /// @brief `kft::group::host_staged_allreduce`: the inter-node step of a hierarchical allreduce
 /// on device buffers over MPI, staged through pinned host memory (components `kft::nccl` and

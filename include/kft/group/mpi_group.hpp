@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/group/mpi_group.hpp
 /// @brief The CPU job across nodes with MPI between them (component `kft::mpi`).
 ///

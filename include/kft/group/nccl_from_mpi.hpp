@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/group/nccl_from_mpi.hpp
 /// @brief A NCCL communicator over the ranks of an MPI communicator (components `kft::nccl` and
 /// `kft::mpi`): MPI carries NCCL's unique id, so no rendezvous store is needed.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/group/nccl_hierarchical.hpp
 /// @brief The hierarchical allreduce on device buffers: NCCL inside the node, and across nodes
 /// either NCCL (one rail communicator per local rank) or MPI through pinned host memory.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/group/node.hpp
 /// @brief The communicator of this process's node, built from what discovery found, with the
 /// environment's shared-memory settings applied (the transport itself reads no environment).

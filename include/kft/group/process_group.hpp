@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/group/process_group.hpp
 /// @brief `kft::group::process_group`: any communicator behind one type, as the DDP layer
 /// takes it (c10d's ProcessGroup over its backends, type-erased once: one virtual call per

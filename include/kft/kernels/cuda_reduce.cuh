@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/kernels/cuda_reduce.cuh
 /// @brief CUDA reduction kernels (component `kft::cuda`, compiled by nvcc): `out = in[0] op
 /// in[1] op ... op in[k-1]`, element by element, over k device buffers of one device (or of

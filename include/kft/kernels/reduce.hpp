@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/kernels/reduce.hpp
 /// @brief The reduction inner loop, type-erased at the transport boundary.
 ///

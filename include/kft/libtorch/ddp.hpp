@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/libtorch/ddp.hpp
 /// @brief DistributedDataParallel for libtorch (PyTorch's C++ frontend), which has none: a
 /// `torch::nn::Module`'s gradients live in kft's reducer buckets and are averaged across the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/libtorch/model.hpp
 /// @brief A libtorch module as a `kft::ddp::model`, so kft's trainer (sampler, checkpoints on
 /// any world size, uneven inputs, deterministic mode, replica checks) trains it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/manifest/job.hpp
 /// @brief One job description, checked once, from which `kft-manifest` writes a Kubeflow
 /// TrainJob, its ClusterTrainingRuntime, an MPIJob or a Slurm batch script.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/rendezvous/connect.hpp
 /// @brief Reaching the job's store from a rank, however the job was launched.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/rendezvous/file_store.hpp
 /// @brief A store in a directory, for processes on one host (or a shared file system with
 /// working flock, which many are not: prefer the TCP store across hosts).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/rendezvous/memory_store.hpp
 /// @brief A store inside one process, for ranks that are threads (tests, the fast suite).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/rendezvous/mpi_bootstrap.hpp
 /// @brief A TCP store set up through MPI (component `kft::mpi`): no address, port or token
 /// to configure.

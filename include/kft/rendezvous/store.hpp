@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/rendezvous/store.hpp
 /// @brief The rendezvous store: a small key-value service every rank (and every kftrun
 /// agent) of a job can reach, used to meet, exchange addresses and agree.

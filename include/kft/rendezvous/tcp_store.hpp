@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/rendezvous/tcp_store.hpp
 /// @brief The TCP store: one server (in kftrun's node-0 agent, or in rank 0; its own header,
 /// tcp_store_server.hpp), any number of clients on any host (this header).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/rendezvous/tcp_store_server.hpp
 /// @brief The TCP store's server: one thread, poll-driven, serving every client of the job
 /// (kftrun's node-0 agent or rank 0 hosts it). See tcp_store.hpp for the security and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/rendezvous/torch_store.hpp
 /// @brief A client of PyTorch's `TCPStore` (torch 1.13's wire protocol), so a kft program
 /// started by torchrun with static rendezvous uses the store torchrun's agent already hosts

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/topology/cuda.hpp
 /// @brief CUDA devices visible to this process (component `kft::cuda`, CUDA runtime API).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/topology/hwloc.hpp
 /// @brief Host facts from hwloc (component `kft::hwloc`): cores, NUMA nodes, binding.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/topology/layout.hpp
 /// @brief Which ranks share a node: host identities exchanged through the job's store.
 ///

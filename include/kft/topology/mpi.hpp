@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/topology/mpi.hpp
 /// @brief Node grouping through MPI (component `kft::mpi`): every rank's host identity by one
 /// `MPI_Allgather`.

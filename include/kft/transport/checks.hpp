@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/checks.hpp
 /// @brief The argument checks and the "stopped" state every transport shares, written once.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/concepts.hpp
 /// @brief The written contract of a communicator: what every transport provides and what the
 /// algorithms, process groups and the DDP layer may rely on.

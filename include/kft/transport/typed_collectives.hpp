@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/typed_collectives.hpp
 /// @brief The typed (`std::span<T>`) forms of the collectives, written once for every
 /// communicator and group (a CRTP mixin over the untyped calls).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Uses kft the way an application would, and fails if discovery gives the wrong answer.
 #include <iostream>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/rendezvous/detail/socket.hpp
 /// @brief Small POSIX socket helpers with deadlines (internal to the TCP store).
 #pragma once

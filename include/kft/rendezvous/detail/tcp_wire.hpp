@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/rendezvous/detail/tcp_wire.hpp
 /// @brief The TCP store's wire format (internal): little-endian frames of `u32 length` +
 /// payload; a payload is `u8 op` (or `u8 status` in replies) followed by fields, strings as

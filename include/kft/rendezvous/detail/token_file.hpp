@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/rendezvous/detail/token_file.hpp
 /// @brief Handing a job's store token from rank 0 to the other ranks of a single-host job
 /// through a file only this user can read (internal to `connect_store`).

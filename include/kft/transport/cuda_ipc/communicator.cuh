@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/cuda_ipc/communicator.cuh
 /// @brief Collectives between the processes of one node over CUDA IPC (component `kft::cuda`,
 /// compiled by nvcc): every rank maps the others' staging memory, ranks meet at barriers whose

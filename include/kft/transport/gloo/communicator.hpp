@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/gloo/communicator.hpp
 /// @brief CPU collectives over Gloo's TCP transport (component `kft::gloo`), met through kft's
 /// store, with kft's dtypes, ops, errors and deadlines: what carries data between nodes when

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/gloo/device.hpp
 /// @brief Where Gloo's TCP connections go (component `kft::gloo`): the network interface, the
 /// TCP device on it, and kft's store seen through Gloo's rendezvous store interface.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/mpi/communicator.hpp
 /// @brief Collectives over MPI (component `kft::mpi`), with kft's dtypes, ops, errors and deadlines.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/mpi/ring.hpp
 /// @brief kft's ring allreduce over MPI point-to-point (component `kft::mpi`): `algo::ring`.
 ///

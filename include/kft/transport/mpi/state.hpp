@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/mpi/state.hpp
 /// @brief One MPI communicator's state (component `kft::mpi`): the duplicated `MPI_Comm`, call
 /// numbering, the optional signature check, and the nonblocking calls polled with deadlines.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/mpi/types.hpp
 /// @brief kft's element types and reductions in MPI terms (component `kft::mpi`): MPI
 /// datatypes, MPI's built-in ops, and user ops for f16/bf16 that accumulate in float.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/nccl/communicator.hpp
 /// @brief Collectives over NCCL (component `kft::nccl`) on device buffers, with kft's dtypes, ops,
 /// errors and deadlines.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/nccl/nccl.hpp
 /// @brief NCCL basics (component `kft::nccl`): error translation and version.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/nccl/options.hpp
 /// @brief A NCCL communicator's settings and per-call options, the unique id, and kft's
 /// types in NCCL terms (component `kft::nccl`).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/nccl/state.hpp
 /// @brief What a NCCL communicator and its work share (component `kft::nccl`): the NCCL
 /// communicator, its stream, reusable events, the failure state, and the polling of NCCL's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/nccl/work.hpp
 /// @brief A NCCL collective as `kft::async::work` (component `kft::nccl`): done when a CUDA
 /// event recorded after it has completed on the device, NCCL's asynchronous error checked on

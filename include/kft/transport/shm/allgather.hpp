@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/shm/allgather.hpp
 /// @brief The shared-memory allgather (from the mailboxes, or staged chunks; zero-copy inputs
 /// are read in place from the pool, at each rank's own offset) and the barrier.

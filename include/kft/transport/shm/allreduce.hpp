@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/shm/allreduce.hpp
 /// @brief The shared-memory allreduce: one-shot (mailbox, one synchronisation) for small
 /// messages; chunked one-shot and two-shot (reduce-scatter + allgather per staging chunk,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/shm/broadcast.hpp
 /// @brief The shared-memory broadcast: through the root's mailbox for small messages; for
 /// large ones the root stages chunks (double-buffered) and the others copy them out.

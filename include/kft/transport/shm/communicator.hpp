@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/shm/communicator.hpp
 /// @brief Intra-node collectives over POSIX shared memory: kft's own fast path inside a node.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/shm/config.hpp
 /// @brief Sizes and limits of a shared-memory communicator, fixed at construction.
 #pragma once

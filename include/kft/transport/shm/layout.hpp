@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/shm/layout.hpp
 /// @brief The shared segment's wire format: what every rank of a node reads and writes.
 ///

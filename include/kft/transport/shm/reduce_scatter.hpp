@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/shm/reduce_scatter.hpp
 /// @brief The shared-memory reduce-scatter: from the mailboxes for small messages; for large
 /// ones every rank stages p pieces of each chunk and reduces its own piece from all ranks.

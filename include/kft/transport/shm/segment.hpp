@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/shm/segment.hpp
 /// @brief One shared-memory segment per intra-node communicator, with no name on any
 /// filesystem: nothing can be left behind, whichever process dies when.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/shm/state.hpp
 /// @brief One shared-memory communicator's state and its synchronisation protocol: set-up of
 /// the segment, the call protocol (number, publish the signature, arrive, compare), waits with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file kft/transport/shm/tuning.hpp
 /// @brief Which shared-memory algorithm `algo::automatic` runs: a table of crossovers, keyed by
 /// (collective, ranks, oversubscribed, zero-copy input), instead of branches in code.
