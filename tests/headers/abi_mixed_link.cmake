@@ -2,7 +2,7 @@
 # Two objects built against differently configured kft installs must fail to link, because
 # the inline namespace (kft::v0_1_mpi1_... vs kft::v0_1_mpi0_...) differs; the same two
 # sources built against one configuration must link (the control).
-#   cmake -DCXX=... -DSRC=<kft source> -DCONFIG_A=<dir with kft/config.hpp> -DCONFIG_B=<dir> -DWORK=<dir> -P abi_mixed_link.cmake
+#   cmake -DCXX=... -DSRC=<kft source> -DCONFIG_A=<dir with kft/configured.hpp> -DCONFIG_B=<dir> -DWORK=<dir> -P abi_mixed_link.cmake
 file(MAKE_DIRECTORY ${WORK})
 function(compile out src config)
   execute_process(COMMAND ${CXX} -std=c++20 -I${SRC}/include -I${config} -c ${src} -o ${out}
