@@ -5,8 +5,9 @@
     python3 tests/repo/include_rules.py [REPO]
 
 Each folder may include only the folders listed for it; a header below the process groups
-never reads the process environment (no core/environment.hpp, no getenv/environ). Prints every
-violation with its file and line; exit 1 when there is one.
+never reads the process environment (no core/environment.hpp, no getenv/environ). init.hpp sits
+above everything (it may include every folder) and no header of kft includes it: only kft's
+users do. Prints every violation with its file and line; exit 1 when there is one.
 """
 import os
 import re
@@ -39,9 +40,13 @@ ALLOWED = {
                          "transport/typed_collectives.hpp", "group/process_group.hpp", "ddp/"],
 }
 # Headers that may read the environment: the ones that exist to turn it into settings
-# (core/timeout.hpp: KFT_TIMEOUT, the one default every transport's deadlines derive from).
-ENV_READERS_OK = ("core/environment.hpp", "core/parse.hpp", "core/timeout.hpp", "discovery/", "rendezvous/", "topology/", "group/",
-                  "ddp/", "manifest/", "kft.hpp")
+# (core/timeout.hpp: KFT_TIMEOUT, the one default every transport's deadlines derive from;
+# core/log.hpp: KFT_LOG_LEVEL from an environment its callers above group/ pass).
+ENV_READERS_OK = ("core/environment.hpp", "core/parse.hpp", "core/timeout.hpp", "core/log.hpp", "discovery/", "rendezvous/", "topology/", "group/",
+                  "ddp/", "manifest/", "kft.hpp", "init.hpp")
+# The top of the stack: kft::init() joins the job (discovery, the store or MPI, the group). It may
+# include everything; nothing in include/kft/ may include it.
+TOP = ("init.hpp",)
 include_rx = re.compile(r'^\s*#\s*include\s*<kft/([^>]+)>')
 env_rx = re.compile(r'\bgetenv\s*\(|\benviron\b|environment::process\s*\(')
 
@@ -63,6 +68,9 @@ for dirpath, _, names in os.walk(root):
             lines = f.read().splitlines()
         for no, line in enumerate(lines, 1):
             m = include_rx.match(line)
+            if m and m.group(1) in TOP and rel not in TOP:
+                problems.append(f"include/kft/{rel}:{no}: includes <kft/{m.group(1)}>, the top of the stack "
+                                f"(only kft's users include it)")
             if m and allowed is not None:
                 inc = m.group(1)
                 ok = inc == "config.hpp" or inc.startswith(folder) and folder != "transport/" or any(
