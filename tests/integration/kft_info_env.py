@@ -45,7 +45,7 @@ for extra, code, text, *rest in CASES:
         continue
     for args in (options, options + ["--json"]):
         p = subprocess.run([KFT_INFO, *args], env={**base, **extra}, capture_output=True, text=True, timeout=30)
-        ok = p.returncode == code and text in p.stderr and p.stdout == "" and p.stderr.startswith("kft: ")
+        ok = p.returncode == code and text in p.stderr and p.stdout == "" and p.stderr.startswith("kft-info ERROR: ") and p.stderr.count("\n") == 1
         print(f"{'ok  ' if ok else 'FAIL'} exit={p.returncode} {extra} {' '.join(args)}\n     {p.stderr.strip()}")
         failures += not ok
 # (environment, text the report must contain): disagreeing sources are shown side by side.

@@ -11,6 +11,7 @@ XDG_RUNTIME_DIR its jobs ran with (a private directory per scenario).
 """
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -129,6 +130,8 @@ def worker_fails():
     expect(took < 8, f"the job ends within seconds ({took:.2f} s)")
     expect("rank 1 (local rank 1, node 0) on " in p.stderr and "exited with status 3" in p.stderr,
            "the message names the rank, host and exit reason", p.stderr)
+    expect(re.search(r"^kftrun\[node 0\] ERROR: rank 1 \(local rank 1, node 0\) on .* exited with status 3$", p.stderr, re.M),
+           "the job's end is one ERROR line of the agent (docs/launching.md)", p.stderr)
     no_leftovers()
 
 
@@ -148,6 +151,14 @@ def restart_once():
     expect("restart=1 rank=0" in p.stdout and "restart=1 rank=1" in p.stdout,
            "every worker of the second attempt sees TORCHELASTIC_RESTART_COUNT=1", p.stdout)
     expect("restarting all workers (restart 1 of 1)" in p.stderr, "the restart is announced with its cause", p.stderr)
+    expect(re.search(r"^kftrun\[node 0\] WARN: restarting all workers \(restart 1 of 1\) after: ", p.stderr, re.M),
+           "the restart is a WARN line of the agent", p.stderr)
+    p, _ = run(["-q", "--nproc-per-node", "2", "--max-restarts", "1", "--", "sh", "-c",
+                'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 4; fi; '
+                'echo "level=$KFT_LOG_LEVEL restart=$TORCHELASTIC_RESTART_COUNT"'])
+    expect(p.returncode == 0 and "WARN: restarting all workers" in p.stderr and
+           p.stdout.count("level=warn restart=1") == 2,
+           "-q keeps warnings, and the workers inherit KFT_LOG_LEVEL=warn", p.stdout, p.stderr)
 
 
 def restarts_exhausted():
@@ -523,7 +534,7 @@ def store_log_injection():
     a0 = start(["--nnodes", "2", "--node-rank", "0", "--master-port", str(port), "--rdzv-timeout", "30", "--", "true"],
                KFT_RDZV_TOKEN="t" + MARK)
     wait_listening(port)
-    forged = b"x\nkftrun[node 0]: FORGED " + MARK.encode() + b"\r\x1b[2K"
+    forged = b"x\nkftrun[node 0] ERROR: FORGED " + MARK.encode() + b"\r\x1b[2K"
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(frame(bytes([1]) + wire_str(b"wrong") + wire_str(forged)))
         s.recv(16)
@@ -531,7 +542,9 @@ def store_log_injection():
     a0.send_signal(signal.SIGTERM)
     _, err = a0.communicate(timeout=30)
     expect("refused" in err and "FORGED" in err, "the refusal is logged", err)
-    expect(not any(l.startswith("kftrun[node 0]: FORGED") for l in err.splitlines()),
+    expect(any(re.match(r"kftrun\[node 0\] WARN: kft store .*refused", l) for l in err.splitlines()),
+           "the refusal is one WARN line of the agent", err)
+    expect(not any(l.startswith("kftrun[node 0] ERROR: FORGED") for l in err.splitlines()),
            "but a stranger's name cannot start a log line of its own", err)
     expect("\x1b" not in err and "\\x1b" in err and "\\n" in err, "control bytes are shown escaped", err)
 

@@ -25,6 +25,8 @@
 #include <kft/rendezvous/connect.hpp>
 #include <kft/topology/layout.hpp>
 
+#include "../common/cli.hpp"
+
 #if KFT_WITH_MPI
 #include <kft/discovery/mpi.hpp>
 #include <kft/topology/mpi.hpp>
@@ -272,6 +274,8 @@ std::string expand_rank(const std::string& pattern, int rank) {
 
 int main(int argc, char** argv) {
   CLI::App app{"kft-info: what this rank discovered about the job and its host"};
+  kft_tools::common_flags common;
+  common.add_to(app, "kft-info");
   bool json = false, pretty = false;
   std::string mpi_mode = "auto", topology_mode = "auto";
   double topology_timeout = 5;
@@ -295,7 +299,13 @@ int main(int argc, char** argv) {
                  "seconds to wait for the other ranks' host identities through the store")
       ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = kft_tools::parse(app, "kft-info", argc, argv)) return *status;
+  try {
+    common.apply();
+  } catch (const kft::config_error& e) {
+    kft::log::error("kft-info", kft_tools::message_of(e, "kft-info"));
+    return kft_tools::usage_status;
+  }
 
   const auto env = kft::environment::process();
 #if KFT_WITH_MPI
@@ -307,8 +317,8 @@ int main(int argc, char** argv) {
   if (use_mpi) MPI_Init(&argc, &argv);
 #else
   if (mpi_mode == "on") {
-    std::cerr << "kft-info: --mpi=on, but kft was built without MPI (KFT_WITH_MPI=OFF)\n";
-    return 2;
+    kft::log::error("kft-info", "--mpi=\"on\": kft was built without MPI (KFT_WITH_MPI=OFF)");
+    return kft_tools::usage_status;
   }
 #endif
 
@@ -352,10 +362,10 @@ int main(int argc, char** argv) {
       print_text(report, host, build);
     }
   } catch (const kft::config_error& e) {
-    std::cerr << (std::string(e.what()) + "\n") << std::flush;  // one write: ranks share the pipe
-    status = 2;
+    kft::log::error("kft-info", kft_tools::message_of(e, "kft-info"));  // one write: ranks share the pipe
+    status = kft_tools::usage_status;
   } catch (const kft::error& e) {
-    std::cerr << (std::string(e.what()) + "\n") << std::flush;  // one write: ranks share the pipe
+    kft::log::error("kft-info", kft_tools::message_of(e, "kft-info"));
     status = 1;
   }
 #if KFT_WITH_MPI

@@ -37,6 +37,7 @@
 #include <kft/core/parse.hpp>
 #include <kft/manifest/job.hpp>
 
+#include "../common/cli.hpp"
 #include "emit.hpp"
 
 namespace {
@@ -396,6 +397,8 @@ void write_out(const std::string& text, const std::string& path) {
 int main(int argc, char** argv) {
   CLI::App app{"kft-manifest: one job description -> Kubeflow TrainJob / ClusterTrainingRuntime / MPIJob / Slurm sbatch"};
   app.require_subcommand(1);
+  kft_tools::common_flags common;
+  common.add_to(app, "kft-manifest");
   // One set of options, shared by every subcommand.
   job cli;
   std::string job_file, out, gang, ttl, max_restarts, deadline;
@@ -457,13 +460,10 @@ int main(int argc, char** argv) {
       if (a == s->get_name()) add_common(s);
     if (a == "trainjob" || a == "runtime" || a == "mpijob" || a == "sbatch") break;
   }
-  try {
-    app.parse(ours, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (const auto status = kft_tools::parse(app, "kft-manifest", ours, argv)) return *status;
 
   try {
+    common.apply();
     job j;
     kft::manifest::origins from;  // the fields the job file set, named by their place in it
     if (!job_file.empty()) job_file_reader(job_file, j, from).read();
@@ -527,8 +527,8 @@ int main(int argc, char** argv) {
       if (j.ttl) runtime_only += " --ttl";
       if (!j.image_pull_policy.empty()) runtime_only += " --image-pull-policy";
       if (!runtime_only.empty())
-        std::cerr << "kft-manifest: note:" << runtime_only << " belong to the runtime `" << j.runtime
-                  << "`: write it with `kft-manifest runtime` (the TrainJob cannot carry them)\n";
+        kft::log::warn("kft-manifest", runtime_only.substr(1) + " belong to the runtime `" + j.runtime +
+                                           "`: write it with `kft-manifest runtime` (the TrainJob cannot carry them)");
       text = manifest_tool::trainjob(j);
     } else if (*runtime) {
       kft::manifest::validate(j, target::runtime, from);
@@ -543,13 +543,13 @@ int main(int argc, char** argv) {
     write_out(text, out);
     return 0;
   } catch (const kft::config_error& e) {
-    std::cerr << e.what() << "\n";
-    return 2;
+    kft::log::error("kft-manifest", kft_tools::message_of(e, "kft-manifest"));
+    return kft_tools::usage_status;
   } catch (const kft::error& e) {
-    std::cerr << e.what() << "\n";
+    kft::log::error("kft-manifest", kft_tools::message_of(e, "kft-manifest"));
     return 1;
   } catch (const std::exception& e) {  // not expected: still one line, never an abort
-    std::cerr << "kft: kft-manifest: " << e.what() << "\n";
+    kft::log::error("kft-manifest", e.what());
     return 1;
   }
 }

@@ -29,6 +29,7 @@
 #include <sstream>
 #include <thread>
 
+#include <kft/core/log.hpp>
 #include <kft/core/timeout.hpp>
 #include <kft/core/token.hpp>
 #include <kft/rendezvous/tcp_store.hpp>
@@ -117,8 +118,10 @@ class agent {
     if (opt_.node_rank == 0) {
       server = std::make_unique<rdzv::tcp_store_server>(
           rdzv::tcp_store_server::options{opt_.master_addr, opt_.master_port, opt_.token,
-                                          [](const std::string& line) { std::fprintf(stderr, "kftrun: %s\n", line.c_str()); }});
+                                          [who = who()](const std::string& line) { kft::log::warn(who, line); }});
       opt_.master_port = server->port();
+      log(kft::log::level::debug, "store listening on " + opt_.master_addr + ":" + std::to_string(opt_.master_port) +
+                                      " (run id \"" + opt_.run_id + "\")");
     }
     rdzv::tcp_store::options so;
     so.host = opt_.master_addr;
@@ -146,7 +149,8 @@ class agent {
       if (!outcome) {
         if (!m.member) {  // elastic: the round is full without this node; the next one may take it
           if (ended_) {
-            log("the job ended (status " + std::to_string(*ended_) + ") before this node was taken in");
+            log(*ended_ == 0 ? kft::log::level::info : kft::log::level::warn,
+                "the job ended (status " + std::to_string(*ended_) + ") before this node was taken in");
             return *ended_;
           }
           continue;
@@ -161,16 +165,16 @@ class agent {
       if (outcome->interrupted) return stopped_by(g_signal.load(), outcome->message);
       const bool agent_signalled = g_signal.load() != 0;
       if (!agent_signalled && outcome->membership_change) {
-        log("re-forming the job (round " + std::to_string(attempt + 1) + "): " + outcome->message);
+        log(kft::log::level::warn, "re-forming the job (round " + std::to_string(attempt + 1) + "): " + outcome->message);
         continue;
       }
       if (!agent_signalled && failures < opt_.max_restarts && !outcome->fatal) {
         ++failures;
-        log("restarting all workers (restart " + std::to_string(failures) + " of " + std::to_string(opt_.max_restarts) +
+        log(kft::log::level::warn, "restarting all workers (restart " + std::to_string(failures) + " of " + std::to_string(opt_.max_restarts) +
             ") after: " + outcome->message);
         continue;
       }
-      log(outcome->message);
+      log(agent_signalled ? kft::log::level::warn : kft::log::level::error, outcome->message);
       finish_round(attempt, outcome->dead_node, m);
       const int code = agent_signalled ? 128 + g_signal.load() : outcome->code;
       announce_end(attempt, code);
@@ -204,7 +208,7 @@ class agent {
 
   // SIGINT/SIGTERM/SIGHUP before any worker started: one line, 128 + the signal.
   int stopped_by(int sig, const std::string& during) const {
-    log(std::string("received SIG") + ::sigabbrev_np(sig) + " " + during + ": stopped before starting any worker");
+    log(kft::log::level::warn, std::string("received SIG") + ::sigabbrev_np(sig) + " " + during + ": stopped before starting any worker");
     return 128 + sig;
   }
 
@@ -224,10 +228,10 @@ class agent {
     }
   }
 
-  void log(const std::string& line) const {
-    std::fprintf(stderr, "kftrun[node %d]: %s\n", opt_.node_rank, line.c_str());
-    std::fflush(stderr);
-  }
+  // "kftrun[node N]", the agent's name in its log lines.
+  std::string who() const { return "kftrun[node " + std::to_string(opt_.node_rank) + "]"; }
+
+  void log(kft::log::level l, const std::string& line) const { kft::log::write(l, who(), line); }
 
   std::string key(int attempt, const std::string& rest) const { return "r" + std::to_string(attempt) + "/" + rest; }
 
@@ -465,7 +469,7 @@ class agent {
     std::string who;
     for (std::size_t i = 0; i < m.ids.size(); ++i)
       who += (i ? ", " : "") + std::to_string(m.ids[i]) + " on " + m.hosts[i];
-    log("round " + std::to_string(round) + ": " + std::to_string(m.ids.size()) + " node(s) (" + who + "); this node is " +
+    log(kft::log::level::info, "round " + std::to_string(round) + ": " + std::to_string(m.ids.size()) + " node(s) (" + who + "); this node is " +
         std::to_string(m.index) + " of them");
     return std::nullopt;
   }
@@ -490,6 +494,9 @@ class agent {
       group.start({first_rank + l, l, worker_env(attempt, first_rank + l, l, world, m),
                    opt_.cpusets.empty() ? std::string() : opt_.cpusets[static_cast<std::size_t>(l)]},
                   attempt_dir);
+    log(kft::log::level::debug, "round " + std::to_string(attempt) + ": started ranks " + std::to_string(first_rank) +
+                                    "-" + std::to_string(first_rank + opt_.nproc_per_node - 1) + " of " +
+                                    std::to_string(world) + ": " + opt_.program.front());
 
     // 3. Watch: local exits, the round's failure key, the other agents' heartbeats, signals.
     std::map<int, std::pair<std::int64_t, clock::time_point>> beats;  // node -> (last value, when it changed)
@@ -580,7 +587,7 @@ class agent {
     const int before = group.strays_ended();
     group.kill_all(opt_.term_grace);
     if (const int n = group.strays_ended() - before; n > 0)
-      log("ended " + std::to_string(n) + " process" + (n == 1 ? "" : "es") +
+      log(kft::log::level::warn, "ended " + std::to_string(n) + " process" + (n == 1 ? "" : "es") +
           " the workers left running (started with setsid(), outside the workers' process groups)");
   }
 

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <thread>
@@ -23,6 +24,7 @@
 #include <kft/topology/hwloc.hpp>
 #endif
 
+#include "../common/cli.hpp"
 #include "agent.hpp"
 
 namespace kftrun {
@@ -45,8 +47,8 @@ inline std::vector<std::string> plan_bindings(const std::string& bind, [[maybe_u
 #endif
     }
     const auto b = kft::topology::plan_binding(l, nproc, policy, bus);
-    std::fprintf(stderr, "[kftrun] local rank %d: %s%s\n", l, b.cpuset.empty() ? "not bound: " : ("PUs " + b.cpuset + ", ").c_str(),
-                 b.reason.c_str());
+    kft::log::info("kftrun", "local rank " + std::to_string(l) + ": " +
+                                 (b.cpuset.empty() ? "not bound: " : "PUs " + b.cpuset + ", ") + b.reason);
     out.push_back(b.cpuset);
   }
   return out;
@@ -106,7 +108,8 @@ inline void parse_nnodes(const std::string& value, options& o) {
 /// --version, 2 for bad input (the message, naming the flag and its value, is printed).
 inline std::variant<options, int> parse_command_line(int argc, const char* const* argv) {
   CLI::App app{"kftrun: start a program on every node of a job, torchrun's way (docs/launching.md)"};
-  app.set_version_flag("--version", std::string("kftrun (kft ") + KFT_VERSION_STRING + ")");
+  kft_tools::common_flags common;
+  common.add_to(app, "kftrun");
   kftrun::options o;
   std::string nproc = "1";
   double monitor = 0.1, grace = 5;
@@ -132,13 +135,13 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
                  "elastic jobs: seconds node 0 waits for more nodes once MIN have joined a round [default: 2]")
       ->envname("KFT_RDZV_LAST_CALL")->check(CLI::Range(0.0, 3600.0));
   app.add_option("--node-rank,--node_rank", o.node_rank, "this node's index, 0..nnodes-1")->envname("PET_NODE_RANK")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))->capture_default_str();
   app.add_option("--master-addr,--master_addr", o.master_addr, "address of node 0, where the store listens")
       ->envname("PET_MASTER_ADDR")->capture_default_str();
   app.add_option("--master-port,--master_port", port, "store port on node 0 (default: 29500; any free port on one node)")
       ->envname("PET_MASTER_PORT")->check(CLI::Range(1, 65535));
   app.add_option("--max-restarts,--max_restarts", o.max_restarts, "restart every worker group this many times at most")
-      ->envname("PET_MAX_RESTARTS")->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->envname("PET_MAX_RESTARTS")->check(CLI::Range(0, std::numeric_limits<int>::max()))->capture_default_str();
   app.add_option("--timeout", timeout_text,
                  "the job's one timeout (seconds, or 90s, 2m, 1500ms): every wait's default derives from it "
                  "(docs/reliability.md); passed to the workers as KFT_TIMEOUT [default: 300]")
@@ -160,13 +163,10 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
   app.add_flag("--standalone", standalone, "single node, any free port (the default when --nnodes is 1)");
   app.add_option("program", o.program, "the program and its arguments (after --)")->required();
   app.positionals_at_end();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (const auto status = kft_tools::parse(app, "kftrun", argc, argv)) return *status;
 
   try {
+    common.apply();  // KFT_LOG_LEVEL, before --bind's lines
     o.nproc_per_node = resolve_nproc(nproc);
     parse_nnodes(nnodes, o);
     if (o.node_rank >= o.nnodes && !o.elastic)  // (elastic: an identity, any number; node 0 hosts the store)
@@ -197,8 +197,8 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
                               "set KFT_RDZV_TOKEN to one random value on all nodes (kft-manifest does)");
     }
   } catch (const kft::config_error& e) {
-    std::cerr << ("kftrun: " + std::string(e.what()) + "\n") << std::flush;
-    return 2;
+    kft::log::error("kftrun", e.detail());  // names the flag or variable and its value
+    return kft_tools::usage_status;
   }
   return o;
 }

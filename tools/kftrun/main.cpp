@@ -11,6 +11,7 @@
 #include <sys/prctl.h>
 
 #include <cstdio>
+#include <string>
 #include <variant>
 
 #include "cli.hpp"
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   auto parsed = kftrun::parse_command_line(argc, argv);
   if (const int* status = std::get_if<int>(&parsed)) return *status;
   auto o = std::get<kftrun::options>(std::move(parsed));
+  const int node = o.node_rank;
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -39,10 +41,10 @@ int main(int argc, char** argv) {
   try {
     return kftrun::agent(std::move(o)).run();
   } catch (const kft::config_error& e) {
-    std::fprintf(stderr, "kftrun: %s\n", e.what());
-    return 2;
+    kft::log::error("kftrun[node " + std::to_string(node) + "]", kft_tools::message_of(e, "kftrun"));
+    return kft_tools::usage_status;
   } catch (const kft::error& e) {
-    std::fprintf(stderr, "kftrun: %s\n", e.what());
+    kft::log::error("kftrun[node " + std::to_string(node) + "]", kft_tools::message_of(e, "kftrun"));
     return 1;
   }
 }
