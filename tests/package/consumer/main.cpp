@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Uses kft the way an application would, and fails if discovery gives the wrong answer.
+// Prints kft's inline namespace, which names the components this translation unit was built with.
 #include <iostream>
 
 #include <kft/kft.hpp>
@@ -15,7 +16,7 @@ int main() {
     return 1;
   }
 #ifdef CONSUMER_USES_MPI
-  // Without MPI_Init the MPI precedence falls through to the same answer.
+  // Without MPI_Init the MPI precedence falls through to the same answer (and calls into MPI).
   if (kft::discover(env, kft::discovery::mpi_precedence{}).rank != 1) return 1;
 #endif
   std::cout << "consumer OK via " << KFT_CONSUME_MODE << " (" << KFT_ABI_NAMESPACE_STRING << ")\n";
