@@ -16,18 +16,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <kft/ddp/reducer.hpp>
-#include <kft/group/factory.hpp>
+#include <kft/init.hpp>
 #include <kft/kft.hpp>
-#include <kft/rendezvous/connect.hpp>
-#if KFT_WITH_MPI
-#include <kft/discovery/mpi.hpp>
-#include <kft/rendezvous/mpi_bootstrap.hpp>
-#endif
 
 using namespace std::chrono_literals;
 namespace ddp = kft::ddp;
@@ -186,29 +182,16 @@ int kill_test(kft::group::process_group& pg) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "equivalence";
   int status = 0;
-#if KFT_WITH_MPI
-  const bool mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
-  if (mpi) MPI_Init(&argc, &argv);
-#endif
+  std::optional<kft::session> job;
   try {
-    kft::rendezvous::store_handle store;
-    kft::world_info me;
-#if KFT_WITH_MPI
-    if (mpi) {
-      me = kft::discover_with_mpi();
-      store = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
-    } else
-#endif
-    {
-      me = kft::discover();
-      store = kft::rendezvous::connect_store(me);
-    }
-    kft::group::group_options go;
-    go.shm.pool_bytes = 64u << 20;
-    go.shm.timeout = 30s;
-    go.shm.name = "ddp-worker";
-    go.group.warn = false;
-    auto pg = kft::group::make_process_group(me, store.client, go);
+    // kftrun, mpirun (MPI initialised here) or ranks started by hand with RANK/MASTER_ADDR.
+    kft::init_options o;
+    o.group.shm.pool_bytes = 64u << 20;
+    o.group.shm.timeout = 30s;
+    o.group.shm.name = "ddp-worker";
+    o.group.group.warn = false;
+    job.emplace(kft::init(argc, argv, std::move(o)));
+    auto& pg = job->group();
     if (mode == "equivalence") status = equivalence(pg);
     else if (mode == "kill") status = kill_test(pg);
     else {
@@ -220,10 +203,8 @@ int main(int argc, char** argv) {
     status = 1;
   }
 #if KFT_WITH_MPI
-  if (mpi) {
-    if (status == 0) MPI_Finalize();
-    else MPI_Abort(MPI_COMM_WORLD, status);
-  }
+  // A rank that failed under MPI: the others may wait in a collective; end the whole job.
+  if (status != 0 && job && job->owns_mpi()) MPI_Abort(MPI_COMM_WORLD, status);
 #endif
-  return status;
+  return status;  // ~session: the group, the store, then MPI_Finalize
 }

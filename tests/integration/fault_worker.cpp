@@ -39,8 +39,8 @@
 #include <vector>
 
 #include <kft/group/factory.hpp>
+#include <kft/init.hpp>
 #include <kft/kft.hpp>
-#include <kft/rendezvous/connect.hpp>
 
 using namespace std::chrono_literals;
 
@@ -66,16 +66,18 @@ long open_fds() {
 }
 
 int fault(const std::string& phase, int culprit, const std::string& action) {
-  const kft::world_info me = kft::discover();
+  // The culprit acts before it joins (startup), between meeting the store and the group
+  // (rendezvous: init without the group, which is built here), or after (the later phases).
+  if (phase == "startup" && kft::discover().rank == culprit) act(action);
+  auto job = kft::init({.make_group = false});
+  const kft::world_info& me = job.world();
   const bool mine = me.rank == culprit;
-  if (phase == "startup" && mine) act(action);
-  auto store = kft::rendezvous::connect_store(me);
   if (phase == "rendezvous" && mine) act(action);
   kft::group::group_options go;
   go.shm.pool_bytes = 32u << 20;
   go.shm.name = "fault-worker";
   go.group.warn = false;
-  auto pg = kft::group::make_process_group(me, store.client, go);
+  auto pg = kft::group::make_process_group(me, job.store(), go);
   if (phase == "first" && mine) act(action);
   const bool large = phase == "large";
   const std::size_t n = large ? (4u << 20) : 256u;  // 16 MiB or 1 KiB of f32
@@ -163,13 +165,13 @@ int soak_one(kft::group::process_group& pg, std::mt19937& rng, std::size_t it) {
 }
 
 int soak(long iterations) {
-  const kft::world_info me = kft::discover();
-  auto store = kft::rendezvous::connect_store(me);
-  kft::group::group_options go;
-  go.shm.pool_bytes = 32u << 20;
-  go.shm.name = "soak";
-  go.group.warn = false;
-  auto pg = kft::group::make_process_group(me, store.client, go);
+  kft::init_options o;
+  o.group.shm.pool_bytes = 32u << 20;
+  o.group.shm.name = "soak";
+  o.group.group.warn = false;
+  auto job = kft::init(std::move(o));
+  const kft::world_info& me = job.world();
+  auto& pg = job.group();
   std::mt19937 rng(12345);  // the same sequence on every rank
   long errors = 0;
   const long every = std::max(1L, iterations / 10);

@@ -14,17 +14,14 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <kft/init.hpp>
 #include <kft/kft.hpp>
-#include <kft/rendezvous/connect.hpp>
 #include <kft/transport/shm/communicator.hpp>
-#if KFT_WITH_MPI
-#include <kft/discovery/mpi.hpp>
-#include <kft/rendezvous/mpi_bootstrap.hpp>
-#endif
 
 using namespace std::chrono_literals;
 
@@ -79,23 +76,12 @@ void sweep(kft::shm::communicator& comm) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "sweep";
   int status = 0;
-#if KFT_WITH_MPI
-  const bool mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
-  if (mpi) MPI_Init(&argc, &argv);
-#endif
+  std::optional<kft::session> job;
   try {
-    kft::rendezvous::store_handle store;
-    kft::world_info me;
-#if KFT_WITH_MPI
-    if (mpi) {
-      me = kft::discover_with_mpi();
-      store = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
-    } else
-#endif
-    {
-      me = kft::discover();
-      store = kft::rendezvous::connect_store(me);
-    }
+    // Who this rank is and the job's store (MPI's under mpirun, kftrun's, or rank 0's when
+    // started by hand); no group: this worker builds the shared-memory communicator itself.
+    job.emplace(kft::init(argc, argv, {.make_group = false}));
+    const kft::world_info& me = job->world();
     if (mode == "die_at_startup" && me.rank == 1) {  // met the store, before the shared segment
       std::this_thread::sleep_for(300ms);
       ::raise(SIGKILL);
@@ -104,7 +90,7 @@ int main(int argc, char** argv) {
     cfg.pool_bytes = 4u << 20;
     if (mode != "stall") cfg.timeout = 60s;  // stall: the default, from KFT_TIMEOUT
     cfg.name = "shm-worker";
-    kft::shm::communicator comm(store.client, me.rank, me.world_size, cfg);
+    kft::shm::communicator comm(job->store(), me.rank, me.world_size, cfg);
     if (mode == "sweep") {
       sweep(comm);
       std::printf("shm_worker sweep: rank %d of %d OK\n", me.rank, me.world_size);
@@ -166,8 +152,7 @@ int main(int argc, char** argv) {
   }
 #if KFT_WITH_MPI
   // A failed rank aborts the job: MPI_Finalize would wait for the stuck one.
-  if (mpi && status != 0) MPI_Abort(MPI_COMM_WORLD, status);
-  if (mpi) MPI_Finalize();
+  if (job && job->owns_mpi() && status != 0) MPI_Abort(MPI_COMM_WORLD, status);
 #endif
-  return status;
+  return status;  // ~session: the store, then MPI_Finalize
 }

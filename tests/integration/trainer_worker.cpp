@@ -29,7 +29,7 @@
 #include <CLI/CLI.hpp>
 
 #include <kft/ddp/trainer.hpp>
-#include <kft/group/factory.hpp>
+#include <kft/init.hpp>
 #include <kft/kft.hpp>
 
 #include "../../examples/05-fashion-mnist/mlp.hpp"
@@ -110,11 +110,10 @@ int main(int argc, char** argv) {
   }
   try {
     openblas_set_num_threads(1);
-    const auto me = kft::discover();
-    auto store = kft::rendezvous::connect_store(me);
-    kft::group::group_options go;
-    go.shm.pool_bytes = 64u << 20;
-    auto pg = kft::group::make_process_group(me, store.client, go);
+    kft::init_options io;
+    io.group.shm.pool_bytes = 64u << 20;
+    auto job = kft::init(argc, argv, std::move(io));
+    auto& pg = job.group();
     const bool first_attempt = std::string(std::getenv("TORCHELASTIC_RESTART_COUNT") ? std::getenv("TORCHELASTIC_RESTART_COUNT") : "0") == "0";
 
     const auto train = fmnist::synthetic(2048, 32, 1), test = fmnist::synthetic(256, 32, 2);
