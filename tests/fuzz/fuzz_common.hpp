@@ -68,7 +68,8 @@ void expect_no_throw(const char* what, F&& f) {
 }
 
 /// Runs `f` with std::cout going nowhere (without failing: the tools check the stream) and
-/// std::cerr captured; returns what `f` wrote to std::cerr. `f` must not throw (see expect_no_throw).
+/// standard error captured: std::cerr and C's stderr (where kft::log writes the tools' lines);
+/// returns what `f` wrote there. `f` must not throw (see expect_no_throw).
 template <class F>
 std::string quietly(F&& f) {
   class null_buffer final : public std::streambuf {
@@ -78,11 +79,22 @@ std::string quietly(F&& f) {
   };
   static null_buffer nowhere;
   std::ostringstream captured;
+  char* c_text = nullptr;
+  std::size_t c_size = 0;
+  std::FILE* c_err = ::open_memstream(&c_text, &c_size);  // glibc: stderr is assignable
+  std::FILE* const old_c_err = stderr;
+  if (c_err != nullptr) stderr = c_err;
   auto* old_out = std::cout.rdbuf(&nowhere);
   auto* old_err = std::cerr.rdbuf(captured.rdbuf());
   f();
   std::cout.rdbuf(old_out);
   std::cerr.rdbuf(old_err);
+  stderr = old_c_err;
+  if (c_err != nullptr) {
+    std::fclose(c_err);
+    captured << std::string_view(c_text, c_size);
+    std::free(c_text);
+  }
   return captured.str();
 }
 

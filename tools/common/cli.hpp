@@ -37,8 +37,8 @@ inline std::string version_line(std::string_view tool) {
 inline std::string message_of(const std::exception& e, std::string_view tool = {}) {
   std::string_view m = e.what();
   if (m.rfind("kft: ", 0) == 0) m.remove_prefix(5);
-  if (!tool.empty() && m.size() > tool.size() + 2 && m.substr(0, tool.size()) == tool && m.substr(tool.size(), 2) == ": ")
-    m.remove_prefix(tool.size() + 2);
+  const std::string site = std::string(tool) + ": ";
+  if (!tool.empty() && m.size() > site.size() && m.substr(0, site.size()) == site) m.remove_prefix(site.size());
   return std::string(m);
 }
 

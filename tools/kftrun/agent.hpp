@@ -165,13 +165,14 @@ class agent {
       if (outcome->interrupted) return stopped_by(g_signal.load(), outcome->message);
       const bool agent_signalled = g_signal.load() != 0;
       if (!agent_signalled && outcome->membership_change) {
-        log(kft::log::level::warn, "re-forming the job (round " + std::to_string(attempt + 1) + "): " + outcome->message);
+        log(kft::log::level::warn,
+            "re-forming the job (round " + std::to_string(attempt + 1) + "): " + outcome->message);
         continue;
       }
       if (!agent_signalled && failures < opt_.max_restarts && !outcome->fatal) {
         ++failures;
-        log(kft::log::level::warn, "restarting all workers (restart " + std::to_string(failures) + " of " + std::to_string(opt_.max_restarts) +
-            ") after: " + outcome->message);
+        log(kft::log::level::warn, "restarting all workers (restart " + std::to_string(failures) + " of " +
+                                       std::to_string(opt_.max_restarts) + ") after: " + outcome->message);
         continue;
       }
       log(agent_signalled ? kft::log::level::warn : kft::log::level::error, outcome->message);
@@ -208,7 +209,8 @@ class agent {
 
   // SIGINT/SIGTERM/SIGHUP before any worker started: one line, 128 + the signal.
   int stopped_by(int sig, const std::string& during) const {
-    log(kft::log::level::warn, std::string("received SIG") + ::sigabbrev_np(sig) + " " + during + ": stopped before starting any worker");
+    log(kft::log::level::warn,
+        std::string("received SIG") + ::sigabbrev_np(sig) + " " + during + ": stopped before starting any worker");
     return 128 + sig;
   }
 
@@ -469,8 +471,8 @@ class agent {
     std::string who;
     for (std::size_t i = 0; i < m.ids.size(); ++i)
       who += (i ? ", " : "") + std::to_string(m.ids[i]) + " on " + m.hosts[i];
-    log(kft::log::level::info, "round " + std::to_string(round) + ": " + std::to_string(m.ids.size()) + " node(s) (" + who + "); this node is " +
-        std::to_string(m.index) + " of them");
+    log(kft::log::level::info, "round " + std::to_string(round) + ": " + std::to_string(m.ids.size()) + " node(s) (" +
+                                   who + "); this node is " + std::to_string(m.index) + " of them");
     return std::nullopt;
   }
 
