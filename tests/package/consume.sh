@@ -172,6 +172,13 @@ example)
   out=$("${clean_env[@]}" timeout 60 "$tmp/build/app") || fail "app failed (status $?): $out"
   expect_line "$out" "^rank 0 of 1: v\[0\] = 1$" "one process sums its own 1s"
   echo "$out"
+  # Under the installed kftrun, 3 ranks: 1 + 2 + 3.
+  if [[ ",${KFT_TOOLS:-}," == *,kftrun,* ]]; then
+    out=$("${clean_env[@]}" timeout 120 "$tmp/prefix/bin/kftrun" --nproc-per-node 3 -- "$tmp/build/app" 2>&1) ||
+      fail "kftrun --nproc-per-node 3 app failed (status $?): $out"
+    expect_line "$out" "rank 0 of 3: v\[0\] = 6$" "3 ranks under the installed kftrun"
+    echo "$out"
+  fi
   ;;
 
 add_subdirectory)
