@@ -3,22 +3,23 @@
 //
 //   kftrun --nproc-per-node 2 -- build/examples/03-allreduce
 //
-// Every rank discovers itself, joins the job's store, builds the node's shared-memory
-// communicator and averages a "gradient" with its peers; then it times a 64 MiB allreduce on a
-// zero-copy buffer (allocated inside the shared segment) and rank 0 prints the bandwidth.
+// Every rank joins the job (kft::init: who it is and the job's store; no process group, since
+// this example builds the node's shared-memory communicator itself) and averages a "gradient"
+// with its peers; then it times a 64 MiB allreduce on a zero-copy buffer (allocated inside the
+// shared segment) and rank 0 prints the bandwidth.
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
+#include <kft/init.hpp>
 #include <kft/kft.hpp>
 
 using namespace std::chrono_literals;
 
-int main() {
+int main(int argc, char** argv) {
   try {
-    const kft::world_info me = kft::discover();
-    auto store = kft::rendezvous::connect_store(me);
-    auto comm = kft::group::node_communicator(store.client, me, {.pool_bytes = 64u << 20});
+    auto job = kft::init(argc, argv, {.make_group = false});
+    auto comm = kft::group::node_communicator(job.store(), job.world(), {.pool_bytes = 64u << 20});
 
     // A gradient whose average over the ranks is known: rank r contributes r + i % 10.
     std::vector<float> grad(1000);

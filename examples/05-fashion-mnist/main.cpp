@@ -20,60 +20,14 @@
 #include <CLI/CLI.hpp>
 
 #include <kft/ddp/trainer.hpp>
-#include <kft/group/factory.hpp>
+#include <kft/init.hpp>
 #include <kft/kft.hpp>
-#if KFT_WITH_MPI
-#include <mpi.h>
-
-#include <kft/rendezvous/mpi_bootstrap.hpp>
-#endif
 
 #include "idx.hpp"
 #include "mlp.hpp"
 #include "widths.hpp"
 
-namespace {
-
-// Started by an MPI launcher (mpirun, srun --mpi=pmix)? Then MPI is initialised and is the
-// bootstrap (and, across nodes, the transport between them). A kftrun/torchrun worker inherits
-// its agent's PMIx variables, so those never count (kft-info's rule).
-bool mpi_launched() {
-  const auto env = kft::environment::process();
-  return (env.has("OMPI_COMM_WORLD_SIZE") || env.has("PMIX_RANK") || env.has("PMI_SIZE")) &&
-         !env.has("TORCHELASTIC_RUN_ID");
-}
-
-struct mpi_session {
-  bool on = false;
-  mpi_session(int& argc, char**& argv) {
-#if KFT_WITH_MPI
-    if (!mpi_launched()) return;
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    on = true;
-#else
-    (void)argc;
-    (void)argv;
-#endif
-  }
-  ~mpi_session() {
-#if KFT_WITH_MPI
-    if (on) MPI_Finalize();
-#endif
-  }
-};
-
-int run(int argc, char** argv);
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  mpi_session mpi(argc, argv);
-  return run(argc, argv);
-}
-
-namespace {
-int run(int argc, char** argv) {
   CLI::App app{"Data-parallel MLP training on Fashion-MNIST with kft's DDP trainer (run it under kftrun, mpirun or srun)"};
   std::string data = "/usr/share/datasets/fashion-mnist", hidden = "256,128", optimizer = "sgd", log_json, ckpt_dir;
   kft::ddp::trainer_options to;
@@ -119,15 +73,13 @@ int run(int argc, char** argv) {
     for (int w : fmnist::parse_widths(hidden)) widths.push_back(w);
     widths.push_back(10);
 
-    const kft::world_info me = kft::discover();
-#if KFT_WITH_MPI
-    auto store = mpi_launched() ? kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD) : kft::rendezvous::connect_store(me);
-#else
-    auto store = kft::rendezvous::connect_store(me);
-#endif
-    kft::group::group_options go;
-    go.shm.pool_bytes = 256u << 20;  // bucket storage inside the shared segment
-    auto pg = kft::group::make_process_group(me, store.client, go);
+    // Joins the job however it was started (kftrun, torchrun, mpirun, srun, a TrainJob pod, or
+    // alone): MPI initialised under an MPI launcher, the ranks met, the process group built.
+    kft::init_options io;
+    io.group.shm.pool_bytes = 256u << 20;  // bucket storage inside the shared segment
+    auto job = kft::init(argc, argv, std::move(io));
+    const kft::world_info& me = job.world();
+    auto& pg = job.group();
 
     if (!threads) threads = kft::ddp::compute_threads(me.local_size.value_or(1));
     openblas_set_num_threads(threads);
@@ -182,4 +134,3 @@ int run(int argc, char** argv) {
     return 1;
   }
 }
-}  // namespace
