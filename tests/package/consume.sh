@@ -91,7 +91,7 @@ header_only)
     for ((r = 0; r < n; r++)); do
       expect_line "$(cat "$tmp/out.$n.$r")" "^rank $r of $n \(torchrun, shared memory: 1 node x $n ranks.*allreduce OK" "$n ranks, rank $r"
     done
-    left=$(ls /dev/shm | grep -F "$run_id" || true)
+    left=$(find /dev/shm -maxdepth 1 -name "*$run_id*" -printf '%f ')
     [[ -z "$left" ]] || fail "$n ranks left /dev/shm entries behind: $left"
   done
   echo "header_only: include/ alone compiled with plain $KFT_CXX; 1, 2 and 3 ranks allreduced correctly"
@@ -228,7 +228,9 @@ pkgconfig)
 
 deb)
   [[ $(id -u) == 0 ]] || skip "needs root to install the .deb with dpkg"
-  command -v dpkg >/dev/null && command -v dpkg-deb >/dev/null || skip "dpkg is not installed (not a Debian system)"
+  if ! command -v dpkg >/dev/null || ! command -v dpkg-deb >/dev/null; then
+    skip "dpkg is not installed (not a Debian system)"
+  fi
   cpack=$(dirname "$cmake")/cpack
   [[ -x "$cpack" ]] || cpack=$(command -v cpack) || skip "cpack is not installed"
   if dpkg-query -W -f '${Status}' kft 2>/dev/null | grep -q installed; then
@@ -236,7 +238,7 @@ deb)
   fi
   [[ ! -e /usr/include/kft && ! -e /usr/share/cmake/kft ]] || skip "/usr already holds a kft that dpkg does not own"
   run "$tmp/cpack.log" "$cpack" -G DEB -B "$tmp/pkg" --config "$KFT_BUILD/CPackConfig.cmake"
-  deb=$(ls "$tmp"/pkg/kft_*.deb 2>/dev/null | head -n 1)
+  deb=$(find "$tmp/pkg" -maxdepth 1 -name 'kft_*.deb' | head -n 1)
   [[ -n "$deb" ]] || { cat "$tmp/cpack.log" >&2; fail "cpack made no kft_*.deb in $tmp/pkg"; }
   dpkg-deb --info "$deb" >"$tmp/info" || fail "dpkg-deb --info $deb failed"
   grep -q "^ Package: kft$" "$tmp/info" || fail "the package is not named kft: $(cat "$tmp/info")"
