@@ -6,8 +6,11 @@
 /// `g++ -std=c++20 -I<dir> -pthread` compiles the portable core with every component off.
 /// A component is turned on by the build, never by a guess:
 ///
-/// - CMake (`kft::kft`, an installed package, pkg-config) generates `kft/configured.hpp`, which
-///   sets each `KFT_WITH_*` to what the configuration found; this file includes it when it exists.
+/// - CMake generates `kft/configured.hpp`, which this file includes when it exists. In kft's own
+///   build (its tests, tools, examples) every component the configuration found is on. An
+///   installed or embedded kft (find_package, the .deb, pkg-config, add_subdirectory,
+///   FetchContent) turns a component on only for code that links its target: `kft::mpi` defines
+///   `KFT_WITH_MPI=1`, so `kft::kft` alone is the portable core.
 /// - Without CMake, define the macro yourself: `-DKFT_WITH_MPI=1` (and link MPI), likewise
 ///   `KFT_WITH_HWLOC`, `KFT_WITH_GLOO`, `KFT_WITH_CUDA`, `KFT_WITH_NCCL`.
 ///
