@@ -35,7 +35,7 @@
 #include <kft/ddp/checkpoint.hpp>
 #include <kft/ddp/sampler.hpp>
 #include <kft/ddp/trainer.hpp>
-#include <kft/group/factory.hpp>
+#include <kft/init.hpp>
 #include <kft/kft.hpp>
 #include <kft/libtorch/ddp.hpp>
 #include <kft/libtorch/model.hpp>
@@ -293,11 +293,11 @@ int main(int argc, char** argv) {
   app.add_option("--log-json", s.log_json, "own loop: rank 0 writes its summary as one JSON line to this file");
   CLI11_PARSE(app, argc, argv);
   try {
-    const kft::world_info me = kft::discover();
-    auto store = kft::rendezvous::connect_store(me);
-    kft::group::group_options go;
-    go.shm.pool_bytes = 64u << 20;  // bucket storage inside the shared segment
-    auto pg = kft::group::make_process_group(me, store.client, go);
+    kft::init_options io;
+    io.group.shm.pool_bytes = 64u << 20;  // bucket storage inside the shared segment
+    auto job = kft::init(argc, argv, std::move(io));  // kftrun, torchrun, mpirun, srun or alone
+    const kft::world_info& me = job.world();
+    auto& pg = job.group();
     const int threads = s.threads ? s.threads : kft::ddp::compute_threads(me.local_size.value_or(1));
     torch::set_num_threads(threads);
 
