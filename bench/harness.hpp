@@ -81,6 +81,7 @@
 #include <kft/core/dtype.hpp>
 #include <kft/core/ops.hpp>
 #include <kft/discovery/mpi.hpp>
+#include <kft/init.hpp>
 #include <kft/rendezvous/connect.hpp>
 #include <kft/rendezvous/mpi_bootstrap.hpp>
 #include <kft/transport/shm/config.hpp>
@@ -1453,17 +1454,15 @@ int run_main(int argc, char** argv, launch how) {
     if (rank == 0) std::fprintf(stderr, "%s: --backend shm runs on one node; these ranks span several\n", argv[0]);
     return 2;
   }
-  // The ranks' own coordination and the store the measured communicator meets through.
+  // The store the measured communicator meets through, chosen as every kft program chooses it
+  // (kft::init: MPI's under an MPI launcher, which main_of initialised; the launcher's under
+  // kftrun or torchrun; an in-process one alone). No group: the bench builds each backend.
+  kft::session job = kft::init({.init_mpi = false, .make_group = false});
+  // The ranks' own coordination.
   std::unique_ptr<control> ctl;
-  kft::rendezvous::store_handle handle;
-  if (how == launch::launcher) {
-    handle = kft::rendezvous::connect_store(*world, env);
-    ctl = make_shm_control(handle.client, rank, nranks);
-  } else {
-    handle = kft::rendezvous::mpi_bootstrap(MPI_COMM_WORLD);
-    ctl = std::make_unique<mpi_control>();
-  }
-  auto be = make_backend(s, which, handle.client, how, rank, nranks, local_rank, buffer_bytes<C>(s, nranks));
+  if (how == launch::launcher) ctl = make_shm_control(job.store(), rank, nranks);
+  else ctl = std::make_unique<mpi_control>();
+  auto be = make_backend(s, which, job.store(), how, rank, nranks, local_rank, buffer_bytes<C>(s, nranks));
   bench<C> b(s, *ctl, *be, rank, nranks);
   b.set_args(argc, argv);
   const int rc = b.run();
