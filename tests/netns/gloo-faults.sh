@@ -7,7 +7,10 @@
 #   worker_kill9  kill -9 of rank 3 (host 1)
 #   agent_kill9   kill -9 of host 1's kftrun agent
 #   blackhole     every packet in or out of host 1 dropped (iptables), after the job started
-#   sigstop       SIGSTOP of rank 2 (host 1)
+#   sigstop       SIGSTOP of rank 2 (host 1): every rank's error names rank 2, including the
+#                 errors of ranks that waited for a rank that was itself waiting for rank 2
+#   sigstop_host  SIGSTOP of both ranks of host 1: host 0's ranks wait in Gloo for them, and
+#                 for each other in the node's shared memory; every error names rank 2 or 3
 #
 #   gloo-faults.sh <kftrun> <gloo_fault_worker> [scenario...]
 #
@@ -16,7 +19,7 @@ set -euo pipefail
 trap 'echo "$(basename "$0"): line $LINENO: a command failed (exit $?)" >&2' ERR
 kftrun=$1 worker=$2; shift 2
 scenarios=("$@")
-((${#scenarios[@]})) || scenarios=(worker_kill9 agent_kill9 blackhole sigstop)
+((${#scenarios[@]})) || scenarios=(worker_kill9 agent_kill9 blackhole sigstop sigstop_host)
 here=$(cd "$(dirname "$0")" && pwd)
 cluster="$here/netns-cluster.sh"
 name="kftf$$"
@@ -66,6 +69,7 @@ for scenario in "${scenarios[@]}"; do
       "$cluster" exec "$name" 1 iptables -A INPUT ! -i lo -j DROP
       "$cluster" exec "$name" 1 iptables -A OUTPUT ! -o lo -j DROP ;;
     sigstop) kill -STOP "$(cat "$tmp/pid.2")" ;;
+    sigstop_host) kill -STOP "$(cat "$tmp/pid.2")" "$(cat "$tmp/pid.3")" ;;
     *) echo "unknown scenario $scenario" >&2; exit 2 ;;
   esac
   # The job must end: every agent exits, non-zero, within the budget (a watchdog kills stragglers).
@@ -90,9 +94,20 @@ for scenario in "${scenarios[@]}"; do
   case "$scenario" in
     worker_kill9) want="rank 3 \\(local rank 1, node 1\\) on $name-h1 was killed by signal 9|recorded no failure.*rank 3 \\($name-h1\\)" ;;
     agent_kill9 | blackhole) want="the agent of node 1 on $name-h1 stopped sending heartbeats|recorded no failure.*rank [23] \\($name-h1\\)" ;;
-    sigstop) want="recorded no failure.*rank 2 \\($name-h1\\)|waiting for rank\\(s\\) 0 \\(job rank 2\\)" ;;
+    sigstop) want="rank 2 \\($name-h1\\)|job rank 2([^0-9]|\$)" ;;
+    sigstop_host) want="rank [23] \\($name-h1\\)|job rank [23]([^0-9]|\$)" ;;
   esac
   grep -Eq "$want" "$tmp/all.out" || fail "no error names the culprit (/$want/)"
+  # A stopped rank is silent, not dead: the ranks that wait for it, directly or through a rank
+  # that is itself waiting for it (rank 0 inside the Gloo allreduce of rail 0 while rank 1
+  # waits for it in the node's allgather), must each name it, never only the rank in between.
+  if [[ "$scenario" == sigstop* ]]; then
+    errors=$(grep -E "^\[[0-9]+\]: kft: rank [0-9]+/4 " "$tmp/all.out" || true)
+    [[ -n "$errors" ]] || fail "no rank reported an error"
+    while IFS= read -r line; do
+      grep -Eq "$want" <<<"$line" || fail "an error does not name a stopped rank (/$want/): $line"
+    done <<<"$errors"
+  fi
   # Nothing left behind: no worker process, no new shared-memory segment.
   sleep 0.5
   if pgrep -f "$worker $tmp" >/dev/null; then fail "worker processes are left: $(pgrep -af "$worker $tmp")"; fi

@@ -22,6 +22,7 @@
 /// and barrier run flat. Asynchronous calls run in order on the group's engine.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -31,6 +32,7 @@
 
 #include <kft/async/engine.hpp>
 #include <kft/core/environment.hpp>
+#include <kft/core/timeout.hpp>
 #include <kft/collectives/allreduce_hierarchical.hpp>
 #include <kft/rendezvous/connect.hpp>
 #include <kft/topology/layout.hpp>
@@ -69,6 +71,58 @@ struct cpu_group_parts {
   Inter rail;  ///< this rank's rail: the ranks with its local index
 };
 
+namespace detail {
+
+/// The rail as the hierarchical allreduce sees it: while each of its inter-node calls runs,
+/// this rank is marked in the node's shared segment as inside it (`shm::communicator::outside`:
+/// which call, and the rail's other ranks it waits for), so a node peer's wait for this rank
+/// lasts until that call's own deadline and report have passed, and names the chain's end
+/// if it still times out. The inter-node error itself reaches the node through `abort`
+/// (`cpu_group::run_allreduce`).
+template <class Inter>
+class marked_rail {
+ public:
+  marked_rail(shm::communicator& intra, Inter& rail) : intra_(intra), rail_(rail) {}
+  int rank() const noexcept { return rail_.rank(); }
+  int size() const noexcept { return rail_.size(); }
+  void allreduce(const void* in, void* out, std::size_t count, dtype t, op_kind op, const options& o = {}) {
+    const auto guard = intra_.outside(describe(), bound(o));
+    rail_.allreduce(in, out, count, t, op, o);
+  }
+  // How long a call may take to fail: its deadline, the wait for the peers' reports, and 1 s
+  // of slack (the store's answer).
+  std::chrono::milliseconds bound(const options& o) const {
+    std::chrono::milliseconds t = o.timeout;
+    if (t.count() <= 0) {
+      if constexpr (requires(const Inter& r) { r.configuration().timeout; }) t = rail_.configuration().timeout;
+      else t = job_timeout();
+    }
+    std::chrono::milliseconds grace = timeouts().report_grace;
+    if constexpr (requires(const Inter& r) { r.configuration().report_grace; }) grace = rail_.configuration().report_grace;
+    return t + grace + std::chrono::seconds(1);
+  }
+
+ private:
+  // "gloo allreduce #12 (rail 0, rank 0/2) for job rank 2"
+  std::string describe() const {
+    const error_site at = rail_.next_site(collective::allreduce);
+    std::string s = at.operation + " #" + std::to_string(at.sequence.value_or(0));
+    if (!at.group.empty()) s += " (" + at.group + ")";
+    if constexpr (requires(const Inter& r) { r.world_rank_of(0); }) {
+      std::string others;
+      int n = 0;
+      for (int r = 0; r < rail_.size(); ++r)
+        if (r != rail_.rank()) others += (n++ ? ", " : "") + std::to_string(rail_.world_rank_of(r));
+      if (n) s += (n == 1 ? " for job rank " : " for job ranks ") + others;
+    }
+    return s;
+  }
+  shm::communicator& intra_;
+  Inter& rail_;
+};
+
+}  // namespace detail
+
 template <communicator Inter>
 class cpu_group : public typed_collectives<cpu_group<Inter>> {
   using typed = typed_collectives<cpu_group<Inter>>;
@@ -87,7 +141,9 @@ class cpu_group : public typed_collectives<cpu_group<Inter>> {
                                          "needs the same count on every node)";
       if (cfg_.warn && p_.flat.rank() == 0) std::fprintf(stderr, "kft: %s\n", fallback_.c_str());
     }
-    hier_.emplace(*p_.intra, p_.rail, cfg_.hierarchical);
+    marked_.emplace(*p_.intra, p_.rail);
+    if (p_.layout.nodes() > 1) p_.intra->expect_outside(marked_->bound({}));
+    hier_.emplace(*p_.intra, *marked_, cfg_.hierarchical);
   }
   cpu_group(cpu_group&&) = delete;  // the hierarchical algorithm holds references into this object
   cpu_group& operator=(cpu_group&&) = delete;
@@ -185,7 +241,19 @@ class cpu_group : public typed_collectives<cpu_group<Inter>> {
         f.algorithm = count * size_of(t) >= cfg_.hierarchical.small_bytes ? cfg_.flat_large : algo::automatic;
         return p_.flat.allreduce(in, out, count, t, op, f);
       }
-      case algo::hierarchical: return (*hier_)(in, out, count, t, op, o);
+      case algo::hierarchical:
+        try {
+          return (*hier_)(in, out, count, t, op, o);
+        } catch (const usage_error&) {  // this rank's arguments: nothing broke
+          throw;
+        } catch (const error& e) {
+          // A level failed (a deadline, a peer gone, a call that did not match): the node's ranks
+          // and this rank's rail learn it now, with this error's text, which names the rank at
+          // fault. A node peer waiting for this rank would otherwise time out blaming it (the
+          // middle of the chain), and a rail peer would name this rank as silent.
+          abort(e.what());
+          throw;
+        }
       default: {
         options s = o;
         s.algorithm = a;
@@ -196,13 +264,17 @@ class cpu_group : public typed_collectives<cpu_group<Inter>> {
   template <class F>
   async::work submit(collective c, const options& o, F&& f) {
     const auto seq = ++issued_;
-    const auto timeout = o.timeout.count() > 0 ? o.timeout : p_.intra->configuration().timeout;
+    auto timeout = o.timeout.count() > 0 ? o.timeout : p_.intra->configuration().timeout;
+    // Across nodes a node peer's wait may give a rank inside its rail's call that call's bound
+    // more (marked_rail): the handle's deadline must not fire before the errors of the levels.
+    if (c == collective::allreduce && p_.layout.nodes() > 1) timeout += marked_->bound(o);
     return engine_.submit({c, seq, timeout, {}}, std::forward<F>(f));
   }
 
   cpu_group_config cfg_;
   cpu_group_parts<Inter> p_;
-  std::optional<hierarchical_allreduce<shm::communicator, Inter>> hier_;
+  std::optional<detail::marked_rail<Inter>> marked_;
+  std::optional<hierarchical_allreduce<shm::communicator, detail::marked_rail<Inter>>> hier_;
   std::string fallback_;
   async::engine engine_;
   std::uint64_t issued_ = 0;

@@ -20,10 +20,13 @@
 /// meets its peers in program order. Each call is numbered when it is issued (`sequence()`).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <kft/async/engine.hpp>
 #include <kft/transport/concepts.hpp>
@@ -180,6 +183,39 @@ class communicator : public typed_collectives<communicator> {
   /// carries `reason`. For the failure path; the communicator cannot be used afterwards.
   void abort(std::string_view reason) noexcept { s_->abort(reason); }
 
+  /// @brief Lets every wait of this rank give a peer that is inside another communicator's call
+  /// (`outside`) up to `most` longer than the wait's own timeout, once. Called by the owner of
+  /// both communicators (`group::cpu_group`) before the first call, on every rank of the node.
+  void expect_outside(std::chrono::milliseconds most) noexcept { s_->outside_most = std::max(most, std::chrono::milliseconds(0)); }
+
+  /// @brief Marks this rank as inside a call of another communicator while it lives
+  /// (`communicator::outside`).
+  class outside_guard {
+   public:
+    explicit outside_guard(detail::state* s) noexcept : s_(s) {}
+    outside_guard(outside_guard&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+    outside_guard& operator=(outside_guard&&) = delete;
+    ~outside_guard() {
+      if (s_) s_->leave_outside();
+    }
+
+   private:
+    detail::state* s_;
+  };
+  /// @brief Tells the node's ranks that this rank is inside a call of another communicator (the
+  /// hierarchical allreduce's inter-node step), described by `what` ("gloo allreduce #12 (rail
+  /// 0, rank 0/2) for job rank 2", up to 119 characters), which fails by itself within `bound`.
+  /// Until the guard ends, a peer whose wait for this rank reaches its deadline waits `bound`
+  /// longer once, so the error of the call at the end of the chain (delivered to the node by
+  /// `abort`) arrives first; if none does, the peer's timeout names `what`.
+  ///
+  /// The extra wait is at most `expect_outside`'s `most` (none unless it was called), and the
+  /// deadline of asynchronous calls' work handles grows by as much.
+  [[nodiscard]] outside_guard outside(std::string_view what, std::chrono::milliseconds bound) noexcept {
+    s_->enter_outside(what, bound);
+    return outside_guard(s_.get());
+  }
+
  private:
   // A synchronous call: after every queued one, on the caller's thread.
   template <class F>
@@ -191,7 +227,7 @@ class communicator : public typed_collectives<communicator> {
   template <class F>
   async::work submit(collective c, const options& o, F&& f) {
     const std::uint64_t seq = ++issued_;
-    const auto timeout = o.timeout.count() > 0 ? o.timeout : s_->cfg.timeout;
+    const auto timeout = (o.timeout.count() > 0 ? o.timeout : s_->cfg.timeout) + s_->outside_most;
     return engine_->submit({c, seq, timeout, {}}, [s = s_.get(), seq, f = std::forward<F>(f)] {
       s->seq = seq;
       f(*s);

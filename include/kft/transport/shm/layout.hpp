@@ -25,8 +25,9 @@ inline constexpr std::uint64_t segment_magic = 0x316d68732d74666bULL;  // "kft-s
 /// Bumped whenever the segment's layout or protocol changes: ranks of different kft builds
 /// sharing one node refuse each other by it (2: `rank_ctrl::done`; 5: the mailbox's head line
 /// holds a signature hash and 48 bytes of data, the full signature the line before; 6: regions
-/// aligned to 2 MiB when huge pages are on, `header::huge`; 7: `signature::refused`).
-inline constexpr std::uint32_t layout_version = 8;
+/// aligned to 2 MiB when huge pages are on, `header::huge`; 7: `signature::refused`; 9:
+/// `rank_ctrl::outside_*`).
+inline constexpr std::uint32_t layout_version = 9;
 inline constexpr std::uint64_t no_offset = ~0ULL;
 
 /// What a rank is doing in one call; compared across ranks.
@@ -89,7 +90,17 @@ struct alignas(64) rank_ctrl {
   std::atomic<std::uint32_t> ready;
   std::atomic<std::uint64_t> pid_ns;  // inode of the rank's pid namespace
   std::atomic<std::int32_t> world_rank;  // the rank's place in the whole job (config identity), for messages
+  // While the rank is inside a call of another communicator (the hierarchical allreduce's
+  // inter-node step, `state::enter_outside`): `outside_gen` is odd, `outside_ms` is how long
+  // that call may still take to fail (its deadline + report grace), `outside_what` says which
+  // call and whom it waits for ("gloo allreduce #12 (rail 0) for job rank 2"). A peer whose
+  // wait for this rank times out waits that much longer once (the inner error then arrives by
+  // abort) and names the chain. Written what-first, published by the generation (release).
+  alignas(64) std::atomic<std::uint32_t> outside_gen;
+  std::atomic<std::uint32_t> outside_ms;
+  std::atomic<std::uint64_t> outside_what[15];  // NUL-padded text, read word by word
 };
+static_assert(sizeof(rank_ctrl) == 256);
 
 struct alignas(64) header {
   std::uint64_t magic;

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -174,6 +175,7 @@ struct state {
     ctrl[me].pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
     ctrl[me].pid_ns.store(pid_namespace(), std::memory_order_relaxed);
     ctrl[me].world_rank.store(cfg.identity.world_rank >= 0 ? cfg.identity.world_rank : me, std::memory_order_relaxed);
+    ctrl[me].outside_gen.store(0, std::memory_order_relaxed);
     ctrl[me].ready.store(1, std::memory_order_release);
     notify();
     std::chrono::steady_clock::time_point init_deadline{};
@@ -287,13 +289,13 @@ struct state {
     throw err;
   }
 
-  // Whether rank r's process still runs. Only meaningful for a peer in our pid namespace
-  // (containers of one pod share /dev/shm but not pids); a zombie counts as dead.
-  bool alive(int r) const {
+  // Rank r's process state letter from /proc (R, S, D, T, t, Z, X ...), 0 when unknown: not
+  // in our pid namespace (containers of one pod share /dev/shm but not pids), this process
+  // (ranks as threads share a pid), or gone.
+  char process_state(int r) const {
     const auto pid = ctrl[r].pid.load(std::memory_order_relaxed);
-    if (pid <= 0 || pid == ::getpid()) return true;  // ranks as threads share a pid
-    if (ctrl[r].pid_ns.load(std::memory_order_relaxed) != ctrl[me].pid_ns.load(std::memory_order_relaxed)) return true;
-    if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+    if (pid <= 0 || pid == ::getpid()) return 0;
+    if (ctrl[r].pid_ns.load(std::memory_order_relaxed) != ctrl[me].pid_ns.load(std::memory_order_relaxed)) return 0;
     char path[64];
     std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
     if (FILE* f = std::fopen(path, "r")) {
@@ -301,10 +303,79 @@ struct state {
       const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
       std::fclose(f);
       const char* close_paren = std::strrchr(buf, ')');
-      if (n > 0 && close_paren != nullptr && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X'))
-        return false;
+      if (n > 0 && close_paren != nullptr && close_paren[1] == ' ') return close_paren[2];
     }
-    return true;
+    return 0;
+  }
+
+  // Whether rank r's process still runs. Only meaningful for a peer in our pid namespace; a
+  // zombie counts as dead.
+  bool alive(int r) const {
+    const auto pid = ctrl[r].pid.load(std::memory_order_relaxed);
+    if (pid <= 0 || pid == ::getpid()) return true;  // ranks as threads share a pid
+    if (ctrl[r].pid_ns.load(std::memory_order_relaxed) != ctrl[me].pid_ns.load(std::memory_order_relaxed)) return true;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+    const char st = process_state(r);
+    return st != 'Z' && st != 'X';
+  }
+
+  // Whether rank r's process is stopped (SIGSTOP, SIGTSTP, a debugger): it finishes nothing,
+  // whatever call it is in, until it is continued.
+  bool stopped(int r) const {
+    const char st = process_state(r);
+    return st == 'T' || st == 't';
+  }
+
+  // -- a rank inside another communicator's call ----------------------------------------------
+
+  // This rank enters a call of another communicator (the hierarchical allreduce's inter-node
+  // step) that fails by itself within `bound`; `what` names it and whom it waits for. Until
+  // leave_outside(), a peer whose wait for this rank times out waits `bound` longer once (this
+  // rank's error then reaches it through abort) and names the chain.
+  void enter_outside(std::string_view what, std::chrono::milliseconds bound) noexcept {
+    auto& c = ctrl[me];
+    // A seqlock's writer: the text's stores stay after the last leave's even generation, for a
+    // reader that copies the text and then finds the generation unchanged.
+    std::atomic_thread_fence(std::memory_order_release);
+    constexpr std::size_t words = sizeof c.outside_what / sizeof c.outside_what[0];
+    char text[words * 8] = {};
+    std::memcpy(text, what.data(), std::min(what.size(), sizeof text - 1));
+    for (std::size_t i = 0; i < words; ++i) {
+      std::uint64_t w;
+      std::memcpy(&w, text + 8 * i, 8);
+      c.outside_what[i].store(w, std::memory_order_relaxed);
+    }
+    const auto ms = std::clamp<std::chrono::milliseconds::rep>(bound.count(), 1, 0xffffffffLL);
+    c.outside_ms.store(static_cast<std::uint32_t>(ms), std::memory_order_relaxed);
+    c.outside_gen.fetch_add(1, std::memory_order_release);  // odd: inside
+  }
+  void leave_outside() noexcept {
+    if (ctrl[me].outside_gen.load(std::memory_order_relaxed) & 1u)
+      ctrl[me].outside_gen.fetch_add(1, std::memory_order_release);  // even: back
+  }
+  // The most a wait gives a peer inside another communicator's call beyond the wait's own
+  // timeout (communicator::expect_outside; 0: never, the default). Set before the first call.
+  std::chrono::milliseconds outside_most{0};
+
+  struct outside_note {
+    std::string what;
+    std::chrono::milliseconds bound{0};
+  };
+  // What rank r published about the other communicator's call it is in, if it is in one.
+  std::optional<outside_note> outside_of(int r) const {
+    const auto& c = ctrl[r];
+    const auto g = c.outside_gen.load(std::memory_order_acquire);
+    if ((g & 1u) == 0) return std::nullopt;
+    constexpr std::size_t words = sizeof c.outside_what / sizeof c.outside_what[0];
+    char text[words * 8 + 1] = {};
+    for (std::size_t i = 0; i < words; ++i) {
+      const std::uint64_t w = c.outside_what[i].load(std::memory_order_relaxed);
+      std::memcpy(text + 8 * i, &w, 8);
+    }
+    outside_note n{text, std::chrono::milliseconds(c.outside_ms.load(std::memory_order_relaxed))};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (c.outside_gen.load(std::memory_order_relaxed) != g) return std::nullopt;  // it moved on meanwhile
+    return n;
   }
 
   static std::uint64_t pid_namespace() {
@@ -319,15 +390,16 @@ struct state {
     backoff b = oversubscribed ? backoff::oversubscribed(std::chrono::microseconds(500))
                                : backoff(std::chrono::microseconds(500));
     auto next_liveness = std::chrono::steady_clock::time_point::max();
+    std::chrono::milliseconds extended{0};  // granted once: the ranks waited for were inside other calls
     for (std::uint32_t spin = 0;; ++spin) {
       bool all = true;
       for (int r = 0; r < p && all; ++r)
         if (r != me && value_of(r) < target) all = false;
       if (all) return;
       if (hdr->aborted.load(std::memory_order_acquire)) {
-        const int who = hdr->abort_rank.load(std::memory_order_acquire);
-        stop.set("rank " + std::to_string(who) + " stopped the group");
-        throw remote_error("rank " + std::to_string(who) + " stopped the group: " + std::string(hdr->abort_reason),
+        const int by = hdr->abort_rank.load(std::memory_order_acquire);
+        stop.set(who(by) + " stopped the group");
+        throw remote_error(who(by) + " stopped the group: " + std::string(hdr->abort_reason),
                            site(current ? std::string(name(static_cast<collective>(current->coll))) : "shm init",
                                 current ? current->seq : 0));
       }
@@ -360,14 +432,37 @@ struct state {
                                    current ? current->seq : 0)));
       }
       if (now >= deadline) {
+        // A rank waited for that is itself inside another communicator's call (the inter-node
+        // step of a hierarchical allreduce) is the middle of a chain: that call fails by its own
+        // deadline and aborts this group with an error naming the rank it waited for. Wait that
+        // long once, so that error, not this wait's, reaches this rank.
         std::string missing;
-        for (int r = 0; r < p; ++r)
-          if (r != me && value_of(r) < target)
-            missing += (missing.empty() ? "" : ", ") + std::to_string(r) + job_rank(r) + " (at #" +
-                       std::to_string(arrived(r)) + ")";
+        std::chrono::milliseconds more{0};
+        bool all_outside = true;
+        for (int r = 0; r < p; ++r) {
+          if (r == me || value_of(r) >= target) continue;
+          // A stopped process ends no call by itself: it is the end of the chain.
+          const bool halted = stopped(r);
+          const auto out = halted ? std::nullopt : outside_of(r);
+          if (out) more = std::max(more, out->bound);
+          else all_outside = false;
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r) + job_rank(r) + " (at #" +
+                     std::to_string(arrived(r)) +
+                     (halted ? ", its process is stopped"
+                             : out ? ", itself waiting in " + out->what : std::string()) + ")";
+        }
+        more = std::min(more, outside_most);
+        if (all_outside && more.count() > 0 && extended.count() == 0) {
+          extended = more;
+          deadline = now + more;
+          continue;
+        }
         fail(timeout_error((current ? describe_args(*current) : std::string()) + "timed out after " +
-                               kft::detail::describe_duration(timeout) + " in " + phase + " waiting for rank(s) " +
-                               missing,
+                               kft::detail::describe_duration(timeout) +
+                               (extended.count() ? " + " + kft::detail::describe_duration(extended) +
+                                                       " (the inner call's deadline)"
+                                                 : std::string()) +
+                               " in " + phase + " waiting for rank(s) " + missing,
                            site(current ? std::string(name(static_cast<collective>(current->coll))) : "shm init",
                                 current ? current->seq : 0)));
       }
@@ -388,8 +483,7 @@ struct state {
     if (stop.stopped()) stop.check(site(std::string(name(c)), seq));  // (the site only on the failure path)
     if (hdr->aborted.load(std::memory_order_acquire)) {
       stop.set(hdr->abort_reason);
-      throw remote_error("rank " + std::to_string(hdr->abort_rank.load()) + " stopped the group: " +
-                             std::string(hdr->abort_reason),
+      throw remote_error(who(hdr->abort_rank.load()) + " stopped the group: " + std::string(hdr->abort_reason),
                          site(std::string(name(c)), seq));
     }
     call k;
