@@ -32,6 +32,7 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -205,7 +206,9 @@ inline std::string store_bootstrap(const world_info& w, const environment& env) 
     s.sequence = e.sequence();
     const std::string& op = e.operation();
     // "discover (mpi)" already names the step; "store connect" gets it: "rendezvous (store connect)".
-    s.operation = "init: " + (op.rfind(step, 0) == 0 ? op : step + (op.empty() ? std::string() : " (" + op + ")"));
+    // The settings read first have no step of their own: "init (log)".
+    const std::string in = op.empty() ? std::string() : " (" + op + ")";
+    s.operation = step.empty() ? "init" + in : "init: " + (op.rfind(step, 0) == 0 ? op : step + in);
     return s;
   };
   try {
@@ -249,11 +252,11 @@ auto step(const std::string& name, F&& f) -> decltype(f()) {
 /// @private The one implementation behind both `init` overloads.
 inline session init_impl(int* argc, char*** argv, init_options o) {
   const environment env = o.env ? std::move(*o.env) : environment::process();
-  log::set_threshold(detail::step("init", [&] { return log::threshold_from(env, log::level::warn); }));
+  log::set_threshold(detail::step("", [&] { return log::threshold_from(env, log::level::warn); }));
   std::chrono::milliseconds timeout = o.rendezvous_timeout;
   if (timeout.count() <= 0) {
     const auto t = env.get("KFT_TIMEOUT");
-    timeout = t && !t->empty() ? detail::step("init", [&] { return detail::parse_duration("KFT_TIMEOUT", *t); })
+    timeout = t && !t->empty() ? detail::step("", [&] { return detail::parse_duration("KFT_TIMEOUT", *t); })
                                : default_job_timeout;
   }
 
@@ -266,9 +269,8 @@ inline session init_impl(int* argc, char*** argv, init_options o) {
   MPI_Finalized(&finalized);
   if (!launcher.empty() && !initialized && !finalized && o.init_mpi) {
     int provided = 0;
-    detail::step("init MPI", [&] {
-      mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread",
-                error_site::of("init MPI"));
+    detail::step("MPI", [&] {
+      mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread", error_site::of("MPI"));
     });
     initialized = 1;
     s.owns_mpi_ = true;

@@ -239,10 +239,17 @@ BOOST_AUTO_TEST_CASE(a_malformed_environment_names_the_variable_and_the_step) {
                         });
   BOOST_CHECK_EXCEPTION(init_with({{"KFT_LOG_LEVEL", "loud"}}), kft::config_error, [](const kft::config_error& e) {
     BOOST_TEST_MESSAGE(e.what());
-    return e.variable() == "KFT_LOG_LEVEL" && std::string(e.what()).find("is not a log level") != std::string::npos;
+    return e.variable() == "KFT_LOG_LEVEL" &&
+           std::string(e.what()).rfind("kft: init (log): KFT_LOG_LEVEL=\"loud\" is not a log level", 0) == 0;
   });
   BOOST_CHECK_EXCEPTION(init_with({{"KFT_TIMEOUT", "soon"}}), kft::config_error, [](const kft::config_error& e) {
-    return e.variable() == "KFT_TIMEOUT";
+    return e.variable() == "KFT_TIMEOUT" && std::string(e.what()).rfind("kft: init (timeout): KFT_TIMEOUT=", 0) == 0;
+  });
+  // The group's own setting: the process group step.
+  BOOST_CHECK_EXCEPTION(init_with({{"KFT_INTER_NODE", "tcp"}}), kft::config_error, [](const kft::config_error& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return e.variable() == "KFT_INTER_NODE" &&
+           std::string(e.what()).rfind("kft: init: process group: KFT_INTER_NODE=\"tcp\" is not auto, mpi or gloo", 0) == 0;
   });
   // Several hosts and no token: the rendezvous step's error, as connect_store words it.
   BOOST_CHECK_EXCEPTION(init_with({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"GROUP_WORLD_SIZE", "2"},
