@@ -34,7 +34,7 @@
 #include <kft/ddp/cuda.hpp>
 #include <kft/ddp/cuda_optim.cuh>
 #include <kft/ddp/trainer.hpp>
-#include <kft/group/factory.hpp>
+#include <kft/init.hpp>
 #include <kft/kft.hpp>
 #include <kft/transport/cuda_ipc/communicator.cuh>
 
@@ -107,9 +107,9 @@ int run(int argc, char** argv) {
       return 77;
     }
 
-    const kft::world_info me = kft::discover();
-    auto store = kft::rendezvous::connect_store(me);
-    auto pg = kft::group::make_process_group(me, store.client);  // the trainer's host control group
+    auto job = kft::init(argc, argv);  // kftrun, torchrun or alone (one node: CUDA IPC)
+    const kft::world_info& me = job.world();
+    auto& pg = job.group();  // the trainer's host control group
     const int local_rank = me.local_rank.value_or(0), local_size = me.local_size.value_or(1);
     if (pg.size() != local_size)
       throw kft::usage_error(std::string(program) + ": " + std::to_string(pg.size()) + " ranks, " +
@@ -124,7 +124,7 @@ int run(int argc, char** argv) {
     cfg.name = "fmnist";
     // The communicator's ranks are the control group's (the trainer checks that both agree);
     // on one node they are the local ranks.
-    kft::cuda_ipc::communicator dev(*store.client, pg.rank(), pg.size(), device, cfg);
+    kft::cuda_ipc::communicator dev(*job.store(), pg.rank(), pg.size(), device, cfg);
 
     const fmnist::dataset train = synthetic ? fmnist::synthetic(synthetic, 784, to.seed) : fmnist::load_split(data, "train");
     const fmnist::dataset test =
