@@ -6,6 +6,8 @@
 #include <boost/test/unit_test.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -166,6 +168,49 @@ BOOST_AUTO_TEST_CASE(ranks_as_threads_meet_at_rank_0s_tcp_store) {
       BOOST_TEST(j.group[i] == "shared memory: 1 node x 3 ranks");
       BOOST_TEST(j.sums[i] == 6.0f);
     }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ranks_as_forked_processes_meet_and_share_memory) {
+  threshold_guard g;
+  const int port = free_port();
+  const std::string id = run_id("fork");
+  std::vector<pid_t> kids;
+  for (int r = 0; r < 2; ++r) {
+    const pid_t p = ::fork();
+    if (p == 0) {  // a rank: exit 0 when the sum and the bootstrap are right
+      int rc = 1;
+      try {
+        auto m = torchrun_env(r, 2, id);
+        m["MASTER_ADDR"] = "127.0.0.1";
+        m["MASTER_PORT"] = std::to_string(port);
+        m["KFT_RDZV_TOKEN"] = "fork-token";
+        auto job = kft::init({.group = {.shm = {.pool_bytes = 1u << 20}}, .env = kft::environment(m)});
+        std::vector<float> x(100000, static_cast<float>(r + 1));
+        job.group().allreduce(std::span<float>(x), kft::ops::sum);
+        const bool ok = job.rank() == r && x[99999] == 3.0f && job.group().description() == "shared memory: 1 node x 2 ranks" &&
+                        job.bootstrap().rfind("kft store hosted by rank 0 at 127.0.0.1:", 0) == 0;
+        rc = ok ? 0 : 1;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        rc = 2;
+      }
+      ::_exit(rc);  // the session is gone: the group, the store (rank 0 drained it)
+    }
+    kids.push_back(p);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  for (std::size_t r = 0; r < kids.size(); ++r) {
+    int status = -1;
+    while (::waitpid(kids[r], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(kids[r], SIGKILL);
+        ::waitpid(kids[r], &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    BOOST_TEST_CONTEXT("rank " << r) { BOOST_TEST((WIFEXITED(status) && WEXITSTATUS(status) == 0), "status " << status); }
   }
 }
 
