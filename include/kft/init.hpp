@@ -298,13 +298,15 @@ inline session init_impl(int* argc, char*** argv, init_options o) {
   // Finalise after a discovery failure (every rank reads the same kind of environment and
   // stops there); after a failed rendezvous or group MPI stays up, since MPI_Finalize could
   // wait for ranks that are gone: the program exits (or calls MPI_Abort).
-  struct finalize_on_failure {
+  // (Declared after `s`, so it runs before the half-made session's destructor, which must not
+  // finalise MPI either.)
+  struct on_failure {
     session& s;
-    bool armed = true;
-    ~finalize_on_failure() {
+    bool armed = true, finalize = true;
+    ~on_failure() {
       if (!armed) return;
 #if KFT_WITH_MPI
-      if (s.owns_mpi_) MPI_Finalize();
+      if (finalize && s.owns_mpi_) MPI_Finalize();
 #endif
       s.owns_mpi_ = false;
     }
@@ -315,7 +317,7 @@ inline session init_impl(int* argc, char*** argv, init_options o) {
 #else
   s.world_ = detail::step("discover", [&] { return discover(env); });
 #endif
-  guard.armed = false;
+  guard.finalize = false;
   const world_info& w = s.world_;
   if (o.store) {
     s.store_.client = std::move(o.store);
@@ -347,6 +349,7 @@ inline session init_impl(int* argc, char*** argv, init_options o) {
     s.group_.emplace(detail::step(
         "process group", [&] { return group::make_process_group(w, s.store_.client, std::move(o.group), env); }));
 
+  guard.armed = false;
   const std::string who = "kft[rank " + std::to_string(w.rank) + "]";
   if (w.rank == 0) log::info(who, s.report());
   else log::debug(who, s.report());
