@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include <kft/core/log.hpp>
 #include <kft/rendezvous/detail/socket.hpp>
 #include <kft/rendezvous/detail/tcp_wire.hpp>
 #include <kft/rendezvous/memory_store.hpp>
@@ -36,7 +37,8 @@ class tcp_store_server {
     std::string host = "127.0.0.1";  ///< address to bind; "0.0.0.0" or "::" only if you mean it
     int port = 0;                    ///< 0 = any free port (see port())
     std::string token;               ///< clients must present it; must not be empty
-    /// Where refusals and protocol errors are reported (default: stderr, one line each).
+    /// Where refusals and protocol errors are reported (default: a `kft WARN:` line on stderr
+    /// through kft::log, shown unless KFT_LOG_LEVEL is `error`).
     /// Text that came from a client is escaped and cut (detail::excerpt): one line per event.
     std::function<void(const std::string&)> log;
     /// A connection that has not presented its hello by then is dropped.
@@ -56,7 +58,7 @@ class tcp_store_server {
     if (opt_.token.empty())
       throw usage_error("a TCP store needs a token (KFT_RDZV_TOKEN, or kft::random_token())",
                         error_site::of("store listen"));
-    if (!opt_.log) opt_.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+    if (!opt_.log) opt_.log = [](const std::string& line) { log::warn("kft", line); };
     if (opt_.max_unauthenticated <= 0) {
       rlimit lim{};
       const rlim_t fds = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? lim.rlim_cur : 1024;
