@@ -13,9 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <kft/discovery/discover.hpp>
-#include <kft/group/factory.hpp>
-#include <kft/rendezvous/connect.hpp>
+#include <kft/init.hpp>
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -25,12 +23,12 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   const auto timeout = std::chrono::seconds(std::stoi(argv[2]));
   const auto max = std::chrono::seconds(argc > 3 ? std::stoi(argv[3]) : 300);
-  const auto me = kft::discover();
   try {
-    auto store = kft::rendezvous::connect_store(me);
-    kft::group::group_options o;
-    o.timeout = timeout;
-    auto pg = kft::group::make_process_group(me, store.client, o);
+    kft::init_options io;
+    io.group.timeout = timeout;
+    auto job = kft::init(argc, argv, std::move(io));
+    const kft::world_info& me = job.world();
+    auto& pg = job.group();
     std::ofstream(dir + "/pid." + std::to_string(me.rank)) << ::getpid() << "\n";
     pg.barrier();
     std::printf("ready rank %d: %s\n", me.rank, pg.description().c_str());
