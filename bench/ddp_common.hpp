@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include <kft/group/factory.hpp>
+#include <kft/init.hpp>
 #include <kft/kft.hpp>
 
 namespace ddp_bench {
@@ -31,18 +31,21 @@ inline double median(std::vector<double> v) {
 }
 
 /// The job: who this process is, the store, and a process group over every rank with a
-/// shared pool of `pool_bytes` (the reducers' bucket storage).
+/// shared pool of `pool_bytes` (the reducers' bucket storage), joined through kft::init as
+/// every kft program does.
 struct job {
   kft::environment env;
-  kft::world_info me;
-  kft::rendezvous::store_handle store;
-  kft::group::process_group pg;
+  kft::session session;
+  const kft::world_info& me;
+  kft::group::process_group& pg;
+  std::shared_ptr<kft::rendezvous::store> store;
 
   explicit job(std::size_t pool_bytes)
       : env(kft::environment::process()),
-        me(kft::discover(env)),
-        store(kft::rendezvous::connect_store(me, env)),
-        pg(make(me, store, env, pool_bytes)) {}
+        session(kft::init(options(env, pool_bytes))),
+        me(session.world()),
+        pg(session.group()),
+        store(session.store()) {}
 
   /// Every rank leaves at the same instant, as nearly as the clock allows. On one host the
   /// processes share CLOCK_MONOTONIC (steady_clock), so they agree on a start 1 ms after the
@@ -70,11 +73,11 @@ struct job {
   }
 
  private:
-  static kft::group::process_group make(const kft::world_info& me, kft::rendezvous::store_handle& s,
-                                        const kft::environment& env, std::size_t pool_bytes) {
-    kft::group::group_options go;
-    go.shm.pool_bytes = pool_bytes;
-    return kft::group::make_process_group(me, s.client, go, env);
+  static kft::init_options options(const kft::environment& env, std::size_t pool_bytes) {
+    kft::init_options o;
+    o.env = env;
+    o.group.shm.pool_bytes = pool_bytes;
+    return o;
   }
 };
 

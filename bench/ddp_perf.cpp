@@ -215,7 +215,7 @@ int bucketing(job& j, const std::vector<std::size_t>& counts, std::size_t min_by
   if (with_gloo && pg.size() > 1) {
     const auto nic = kft::group::gloo_interface(j.me, j.env);
     gloo_where = nic.name + " " + nic.address;
-    kft::gloo::communicator gc(std::make_shared<kft::rendezvous::prefix_store>(j.store.client, "ddp-perf-gloo/"),
+    kft::gloo::communicator gc(std::make_shared<kft::rendezvous::prefix_store>(j.store, "ddp-perf-gloo/"),
                                pg.rank(), pg.size(), kft::gloo::make_device(nic));
     theirs = bucket_rows(j, gc, counts, cap, reps);
     wrong += theirs->wrong;
