@@ -13,10 +13,9 @@
 #include <memory>
 #include <sstream>
 
-#include <kft/discovery/discover.hpp>
 #include <kft/group/factory.hpp>
 #include <kft/group/gloo_group.hpp>
-#include <kft/rendezvous/connect.hpp>
+#include <kft/init.hpp>
 #include <kft/transport/gloo/communicator.hpp>
 
 #include "registry.hpp"
@@ -25,9 +24,18 @@ namespace conf = kft_test::conformance;
 
 namespace {
 
+// The job's identity and store through kft::init; no group: each case builds the
+// communicators under test itself.
+kft::init_options store_only() {
+  kft::init_options o;
+  o.make_group = false;
+  return o;
+}
+
 struct session {
-  kft::world_info me = kft::discover();
-  kft::rendezvous::store_handle store = kft::rendezvous::connect_store(me);
+  kft::session job = kft::init(store_only());
+  const kft::world_info& me = job.world();
+  std::shared_ptr<kft::rendezvous::store> store = job.store();
   std::uint64_t round = 0;  // one per case, in registration order on every rank
 };
 
@@ -35,10 +43,10 @@ struct session {
 std::vector<conf::outcome> everyone(session& s, const conf::outcome& mine) {
   const int p = s.me.world_size;
   const std::string scope = "conformance/outcome/" + std::to_string(++s.round) + "/";
-  s.store.client->set(scope + std::to_string(s.me.rank), std::to_string(mine.wrong) + " " + std::to_string(mine.output_hash));
+  s.store->set(scope + std::to_string(s.me.rank), std::to_string(mine.wrong) + " " + std::to_string(mine.output_hash));
   std::vector<conf::outcome> out(static_cast<std::size_t>(p));
   for (int r = 0; r < p; ++r) {
-    std::istringstream in(s.store.client->get(scope + std::to_string(r), std::chrono::seconds(300)));
+    std::istringstream in(s.store->get(scope + std::to_string(r), std::chrono::seconds(300)));
     in >> out[static_cast<std::size_t>(r)].wrong >> out[static_cast<std::size_t>(r)].output_hash;
   }
   out[static_cast<std::size_t>(s.me.rank)].first = mine.first;
@@ -73,7 +81,7 @@ bool init_unit_test() {
     gc.identity = {s->me.rank, p, ""};
     gc.host = env.get("KFT_HOST_ID").value_or(s->me.hostname);
     auto comm = std::make_shared<kft::gloo::communicator>(
-        std::make_shared<kft::rendezvous::prefix_store>(s->store.client, "conformance/gloo/"), s->me.rank, p,
+        std::make_shared<kft::rendezvous::prefix_store>(s->store, "conformance/gloo/"), s->me.rank, p,
         kft::gloo::make_device(kft::group::gloo_interface(s->me, env)), gc);
     conf::register_suite("gloo", p, conf::cases(p, [](kft::collective c) {
                            if (c == kft::collective::allreduce) return std::vector{kft::algo::automatic, kft::algo::ring};
@@ -86,7 +94,7 @@ bool init_unit_test() {
     o.group.warn = s->me.rank == 0;
     o.group.hierarchical.chunk_bytes = 64u << 10;  // many pipeline chunks
     o.group.hierarchical.small_bytes = 1u << 10;   // the pipelined path from small messages
-    auto pg = std::make_shared<kft::group::process_group>(kft::group::make_process_group(s->me, s->store.client, o));
+    auto pg = std::make_shared<kft::group::process_group>(kft::group::make_process_group(s->me, s->store, o));
     const std::string what = pg->description();
     if (s->me.rank == 0) std::printf("kft conformance: rank 0 of %d: group: %s\n", p, what.c_str());
     const bool several = pg->get<kft::group::gloo_cpu_group>() != nullptr;
