@@ -15,6 +15,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -421,87 +423,64 @@ BOOST_AUTO_TEST_CASE(timeout_names_the_missing_rank_and_stops_the_group) {
 // is the middle of a chain: a peer's wait for it lasts that call's bound longer, once, and then
 // names what the rank waits in; an abort with the inner call's error arrives before that.
 BOOST_AUTO_TEST_CASE(a_wait_on_a_rank_inside_another_call_names_the_chain) {
-  std::mutex mu;
-  std::string msg;
-  std::chrono::milliseconds took{0};
-  with_ranks(2, "outside", [&](shm::communicator& comm) {
-    std::vector<std::int32_t> v(10, 1);
-    comm.expect_outside(600ms);
-    if (comm.rank() == 1) {
-      const auto inside = comm.outside("gloo allreduce #7 (rail 0, rank 0/2) for job rank 5", 400ms);
-      std::this_thread::sleep_for(1500ms);
-      return;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      comm.allreduce(std::span<std::int32_t>(v), kft::ops::sum, {.timeout = 200ms});
-    } catch (const kft::timeout_error& e) {
-      std::lock_guard lock(mu);
-      msg = e.what();
-    }
-    took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  // Rank 0 allreduces with a 200 ms deadline while rank 1 runs `elsewhere` instead; the error
+  // rank 0 gets, and how long it waited for it.
+  const auto rank0_error = [](const char* name, std::optional<std::chrono::milliseconds> expect, auto elsewhere) {
+    std::mutex mu;
+    std::string msg;
+    std::chrono::milliseconds took{0};
+    with_ranks(2, name, [&](shm::communicator& comm) {
+      std::vector<std::int32_t> v(10, 1);
+      if (expect) comm.expect_outside(*expect);
+      if (comm.rank() == 1) {
+        elsewhere(comm);
+        return;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        comm.allreduce(std::span<std::int32_t>(v), kft::ops::sum, {.timeout = 200ms});
+      } catch (const kft::error& e) {
+        std::lock_guard lock(mu);
+        msg = e.what();
+      }
+      took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    });
+    return std::pair{msg, took};
+  };
+
+  auto [msg, took] = rank0_error("outside", 600ms, [](shm::communicator& comm) {
+    const auto inside = comm.outside("gloo allreduce #7 (rail 0, rank 0/2) for job rank 5", 400ms);
+    std::this_thread::sleep_for(1500ms);
   });
   BOOST_TEST_INFO(msg);
   BOOST_TEST(msg.find("timed out after 200 ms + 400 ms (the inner call's deadline) in arrival waiting for rank(s) 1 "
                       "(at #0, itself waiting in gloo allreduce #7 (rail 0, rank 0/2) for job rank 5)") != std::string::npos);
   BOOST_TEST(took.count() >= 550);  // the bound was waited, not just the 200 ms
 
-  msg.clear();
-  with_ranks(2, "outside-abort", [&](shm::communicator& comm) {
-    std::vector<std::int32_t> v(10, 1);
-    comm.expect_outside(10s);
-    if (comm.rank() == 1) {
-      {
-        const auto inside = comm.outside("gloo allreduce #3 (rail 0, rank 0/2) for job rank 5", 5s);
-        std::this_thread::sleep_for(500ms);  // past rank 0's 200 ms deadline
-      }
-      comm.abort("gloo allreduce #3 timed out: rank 5 recorded no failure");
-      return;
+  // The inner call fails and its rank aborts the node with that error: the waiting peer gets it.
+  std::tie(msg, took) = rank0_error("outside-abort", 10s, [](shm::communicator& comm) {
+    {
+      const auto inside = comm.outside("gloo allreduce #3 (rail 0, rank 0/2) for job rank 5", 5s);
+      std::this_thread::sleep_for(500ms);  // past rank 0's 200 ms deadline
     }
-    try {
-      comm.allreduce(std::span<std::int32_t>(v), kft::ops::sum, {.timeout = 200ms});
-    } catch (const kft::error& e) {
-      std::lock_guard lock(mu);
-      msg = e.what();
-    }
+    comm.abort("gloo allreduce #3 timed out: rank 5 recorded no failure");
   });
   BOOST_TEST_INFO(msg);
   BOOST_TEST(msg.find("rank 1 stopped the group: gloo allreduce #3 timed out: rank 5 recorded no failure") !=
              std::string::npos);
 
-  msg.clear();  // back from the other call: an ordinary timeout again
-  with_ranks(2, "outside-left", [&](shm::communicator& comm) {
-    std::vector<std::int32_t> v(10, 1);
-    comm.expect_outside(10s);
-    if (comm.rank() == 1) {
-      { const auto inside = comm.outside("gloo allreduce #1 (rail 0, rank 0/2) for job rank 5", 5s); }
-      std::this_thread::sleep_for(1000ms);
-      return;
-    }
-    try {
-      comm.allreduce(std::span<std::int32_t>(v), kft::ops::sum, {.timeout = 200ms});
-    } catch (const kft::timeout_error& e) {
-      std::lock_guard lock(mu);
-      msg = e.what();
-    }
+  // Back from the other call: an ordinary timeout again.
+  std::tie(msg, took) = rank0_error("outside-left", 10s, [](shm::communicator& comm) {
+    { const auto inside = comm.outside("gloo allreduce #1 (rail 0, rank 0/2) for job rank 5", 5s); }
+    std::this_thread::sleep_for(1000ms);
   });
   BOOST_TEST_INFO(msg);
   BOOST_TEST(msg.find("timed out after 200 ms in arrival waiting for rank(s) 1 (at #0)") != std::string::npos);
 
-  msg.clear();  // no expect_outside: the wait keeps its own deadline and still names the chain
-  with_ranks(2, "outside-unexpected", [&](shm::communicator& comm) {
-    std::vector<std::int32_t> v(10, 1);
-    if (comm.rank() == 1) {
-      const auto inside = comm.outside("gloo allreduce #2 (rail 0, rank 0/2) for job rank 5", 5s);
-      std::this_thread::sleep_for(1000ms);
-      return;
-    }
-    try {
-      comm.allreduce(std::span<std::int32_t>(v), kft::ops::sum, {.timeout = 200ms});
-    } catch (const kft::timeout_error& e) {
-      std::lock_guard lock(mu);
-      msg = e.what();
-    }
+  // No expect_outside: the wait keeps its own deadline and still names the chain.
+  std::tie(msg, took) = rank0_error("outside-unexpected", std::nullopt, [](shm::communicator& comm) {
+    const auto inside = comm.outside("gloo allreduce #2 (rail 0, rank 0/2) for job rank 5", 5s);
+    std::this_thread::sleep_for(1000ms);
   });
   BOOST_TEST_INFO(msg);
   BOOST_TEST(msg.find("timed out after 200 ms in arrival waiting for rank(s) 1 (at #0, itself waiting in gloo allreduce "
