@@ -586,8 +586,17 @@ class reader:
         import threading
         self.proc, self.lines = proc, []
         self._lock = threading.Lock()
-        for stream in (proc.stdout, proc.stderr):
-            threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+        self._pumps = [threading.Thread(target=self._pump, args=(stream,), daemon=True)
+                       for stream in (proc.stdout, proc.stderr)]
+        for t in self._pumps:
+            t.start()
+
+    def wait(self, timeout=30):
+        """Waits for the process to end and for its last lines to be read (the pipes' end of
+        file): a process can exit before the pumps have taken its final line."""
+        self.proc.wait(timeout=timeout)
+        for t in self._pumps:
+            t.join(timeout=timeout)
 
     def _pump(self, stream):
         for line in stream:
@@ -654,7 +663,7 @@ def elastic_join_leave_rejoin():
     expect(t3 > t2, "and is taken in at the next round")
     open(flag, "w").close()
     for a in (a0, a1, a2):
-        a.proc.wait(timeout=30)
+        a.wait(30)
     expect(a0.proc.returncode == 0 and a1.proc.returncode == 0 and a2.proc.returncode == 0,
            "every agent ends the job with 0 (two membership changes and one failure with --max-restarts 1)",
            a0.proc.returncode, a1.proc.returncode, a2.proc.returncode, a0.text(), a1.text(), a2.text())
@@ -691,7 +700,7 @@ def elastic_full_round_waits():
     expect("round 1" not in a[0].text(), "a full job is not re-formed for a waiting node", a[0].text())
     open(flag, "w").close()
     for r in (*a, third):
-        r.proc.wait(timeout=30)
+        r.wait(30)
     expect(a[0].proc.returncode == 0 and a[1].proc.returncode == 0, "the job ends with 0", a[0].text(), a[1].text())
     expect(third.proc.returncode == 0 and "the job ended (status 0) before this node was taken in" in third.text(),
            "the waiting agent ends with it and says so", third.proc.returncode, third.text())
@@ -714,7 +723,7 @@ def elastic_duplicate_node_rank():
     a0.wait_for("round 0: 2 node(s) (0 on")
     open(flag, "w").close()
     for r in (a0, a1):
-        r.proc.wait(timeout=30)
+        r.wait(30)
     expect(a0.proc.returncode == 0 and a1.proc.returncode == 0, "the job runs on with the first", a0.text(), a1.text())
     os.unlink(flag)
 
