@@ -334,19 +334,19 @@ struct state {
   // rank's error then reaches it through abort) and names the chain.
   void enter_outside(std::string_view what, std::chrono::milliseconds bound) noexcept {
     auto& c = ctrl[me];
-    // A seqlock's writer: the text's stores stay after the last leave's even generation, for a
-    // reader that copies the text and then finds the generation unchanged.
-    std::atomic_thread_fence(std::memory_order_release);
+    // A seqlock's writer, without fences (which ThreadSanitizer does not model): each word is a
+    // release store, so a reader whose acquire load sees a word of this call's text also sees
+    // the last leave's even generation, and its recheck of the generation fails.
     constexpr std::size_t words = sizeof c.outside_what / sizeof c.outside_what[0];
     char text[words * 8] = {};
     std::memcpy(text, what.data(), std::min(what.size(), sizeof text - 1));
     for (std::size_t i = 0; i < words; ++i) {
       std::uint64_t w;
       std::memcpy(&w, text + 8 * i, 8);
-      c.outside_what[i].store(w, std::memory_order_relaxed);
+      c.outside_what[i].store(w, std::memory_order_release);
     }
     const auto ms = std::clamp<std::chrono::milliseconds::rep>(bound.count(), 1, 0xffffffffLL);
-    c.outside_ms.store(static_cast<std::uint32_t>(ms), std::memory_order_relaxed);
+    c.outside_ms.store(static_cast<std::uint32_t>(ms), std::memory_order_release);
     c.outside_gen.fetch_add(1, std::memory_order_release);  // odd: inside
   }
   void leave_outside() noexcept {
@@ -369,12 +369,12 @@ struct state {
     constexpr std::size_t words = sizeof c.outside_what / sizeof c.outside_what[0];
     char text[words * 8 + 1] = {};
     for (std::size_t i = 0; i < words; ++i) {
-      const std::uint64_t w = c.outside_what[i].load(std::memory_order_relaxed);
+      const std::uint64_t w = c.outside_what[i].load(std::memory_order_acquire);
       std::memcpy(text + 8 * i, &w, 8);
     }
-    outside_note n{text, std::chrono::milliseconds(c.outside_ms.load(std::memory_order_relaxed))};
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (c.outside_gen.load(std::memory_order_relaxed) != g) return std::nullopt;  // it moved on meanwhile
+    outside_note n{text, std::chrono::milliseconds(c.outside_ms.load(std::memory_order_acquire))};
+    // A word from a later call carries that call's leave (its even generation) with it.
+    if (c.outside_gen.load(std::memory_order_acquire) != g) return std::nullopt;  // it moved on meanwhile
     return n;
   }
 
