@@ -36,4 +36,10 @@ struct options {
   std::uint32_t tag = 0;
 };
 
+/// @brief A call's deadline: its own `options::timeout` when set, else `fallback` (the
+/// communicator's configured default). Every transport and group asks this one question here.
+constexpr std::chrono::milliseconds timeout_or(const options& o, std::chrono::milliseconds fallback) noexcept {
+  return o.timeout.count() > 0 ? o.timeout : fallback;
+}
+
 KFT_NAMESPACE_END

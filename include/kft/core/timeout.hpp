@@ -105,12 +105,16 @@ struct derived_timeouts {
   std::chrono::milliseconds report_grace;   ///< after a failure, waiting for the peers' reports: min(T, 2 s)
   std::chrono::milliseconds teardown;       ///< destroying a communicator: min(T, 10 s)
 
-  static derived_timeouts from(std::chrono::milliseconds t) noexcept {
+  static constexpr derived_timeouts from(std::chrono::milliseconds t) noexcept {
     using namespace std::chrono_literals;
     return {t, std::min<std::chrono::milliseconds>(t, 30s), std::clamp<std::chrono::milliseconds>(t / 60, 2s, 30s),
             std::min<std::chrono::milliseconds>(t, 2s), std::min<std::chrono::milliseconds>(t, 10s)};
   }
 };
+
+/// @brief The derived defaults at the default job timeout: what a config holds until the
+/// process group (or its maker) applies the job's timeout.
+inline constexpr derived_timeouts default_timeouts = derived_timeouts::from(default_job_timeout);
 
 /// @brief derived_timeouts::from(job_timeout()).
 inline derived_timeouts timeouts() noexcept { return derived_timeouts::from(job_timeout()); }
