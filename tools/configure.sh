@@ -19,7 +19,7 @@ else
   echo "configure: no CUDA toolkit (nvcc) found: CUDA and NCCL components off, GPU headers not compiled"
 fi
 # Debug information: line tables only (-g1: backtraces and perf name functions and lines; no
-# variables). Full -g made the suite's build about 40% slower on 2 cores (bench/all_reduce.cpp:
+# variables). Full -g made the suite's build about 40% slower on 2 cores (bench/collectives/all_reduce.cpp:
 # 82-89 s with -g, 51 s with -g1, 48 s without; examples/08's main.cu 116 s against 92 s).
 # A debugging session passes its own: tools/configure.sh BUILD -DCMAKE_BUILD_TYPE=Debug.
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKFT_WERROR=ON \

@@ -21,13 +21,13 @@ test_pkgs=(libboost-test-dev
            python3-torch                               # torchrun (Debian's /usr/bin/python3)
            procps iproute2                             # pgrep/ps and ss (Slurm script), ip/tc (netns hosts)
            iptables                                    # a blackholed link between netns hosts (fault tests)
-           mpich libmpich-dev                          # mpirun.mpich: a launcher that is not kft's MPI (mix-up tests); MPICH peer of bench/shm_peers.py
+           mpich libmpich-dev                          # mpirun.mpich: a launcher that is not kft's MPI (mix-up tests); MPICH peer of bench/scripts/shm_peers.py
            python3-jsonschema python3-yaml             # manifest validation against the real CRDs
            libbenchmark-dev                            # bench/ddp_micro, Google Benchmark (smoke-tested)
            libtorch-dev                                # kft::libtorch: example 07 and its tests (PyTorch's C++ frontend)
            clang libclang-rt-14-dev)                   # libFuzzer targets (tests/fuzz; the runtime is its own package)
 
-bench_pkgs=(python3-matplotlib)                        # bench/plot_perf.py (Debian's /usr/bin/python3)
+bench_pkgs=(python3-matplotlib)                        # bench/scripts/plot_perf.py (Debian's /usr/bin/python3)
 
 only_build=0 bench=0
 for arg in "$@"; do

@@ -68,7 +68,7 @@ split as_tensors(const fmnist::dataset& d) {
 }
 
 // The samples `idx` of a split, normalised with the data set's mean and deviation (as example 05
-// and bench/fashion_mnist_torch.py do, in the same operations).
+// and bench/workloads/fashion_mnist_torch.py do, in the same operations).
 std::pair<torch::Tensor, torch::Tensor> batch_of(const split& s, std::span<const std::uint32_t> idx) {
   std::vector<std::int64_t> i(idx.begin(), idx.end());
   auto t = torch::tensor(i, torch::kInt64);

@@ -7,7 +7,7 @@ parameters compared bit for bit.
                             [--aten-capability native|default|avx2|avx512] [--tolerance T]
 
 1. PyTorch 1.13 DDP (gloo, 2 ranks under torchrun, Debian's /usr/bin/python3) runs
-   bench/fashion_mnist_torch.py: the Fashion-MNIST MLP 784-256-128-10, samples in file order
+   bench/workloads/fashion_mnist_torch.py: the Fashion-MNIST MLP 784-256-128-10, samples in file order
    (DistributedSampler(shuffle=False)), batch 32 per rank, SGD lr 0.05 momentum 0.9, K steps;
    rank 0 writes the initial and the final parameters (raw f32).
 2. examples/07-libtorch-ddp runs the same under kftrun (2 ranks, kft's shared-memory group) from
@@ -54,7 +54,7 @@ def fail(msg, *context):
 
 def run(cmd, env, what, timeout=300, done_file=None):
     """Runs cmd to its end. With done_file: once that file exists, the job has written what the
-    test needs; torch 1.13's gloo teardown sometimes never returns (bench/fashion_mnist_peers.py
+    test needs; torch 1.13's gloo teardown sometimes never returns (bench/workloads/fashion_mnist_peers.py
     saw it too), so a job still running 30 s later is ended and the test goes on, saying so."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     deadline = time.monotonic() + timeout
