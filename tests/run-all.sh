@@ -11,7 +11,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 build=${KFT_BUILD_DIR:-$src/build-tests}
 
 # Where the time goes: each part's seconds, printed as a table at the end (docs/building.md).
-parts=()
+parts=() notes=()
 t0=$(date +%s) last=$t0
 part() { local now; now=$(date +%s); parts+=("$1|$((now - last))"); last=$now; }
 
@@ -22,20 +22,44 @@ part "configure"
 cmake --build "$build" -j "$(nproc)"
 part "build (main)"
 cd "$build"
+# The whole run (no CTest arguments) also runs the sanitizer subsets (docs/reliability.md),
+# each with its own build directory and CTest summary. KFT_SANITIZERS=0 leaves them out.
+# Their builds run at the lowest CPU priority beside the main suite, whose tests mostly wait
+# on processes, sockets and daemons: the compiler takes the CPU those tests leave idle.
+sanitizers=0
+[[ $# -eq 0 && "${KFT_SANITIZERS:-1}" != 0 ]] && sanitizers=1
+san_log="$build-sanitizers-build.log"
+if ((sanitizers)); then
+  rm -f "$san_log.seconds"
+  ( start=$(date +%s)
+    for mode in asan tsan; do
+      nice -n 19 bash "$src/tests/sanitizers/run.sh" "$mode" "$build-$mode" build || exit 1
+    done
+    echo "$(( $(date +%s) - start ))" > "$san_log.seconds" ) > "$san_log" 2>&1 &
+  san_pid=$!
+fi
 # Tests start real launchers and daemons; each has a timeout and they clean up after themselves.
 rc=0
 (cd "$build" && ctest --output-on-failure --timeout 300 -j 2 "$@") || rc=$?
 part "ctest (main)"
-# The whole run (no CTest arguments) also runs the sanitizer subsets (docs/reliability.md),
-# each with its own build directory and CTest summary. KFT_SANITIZERS=0 leaves them out.
-if [[ $# -eq 0 && "${KFT_SANITIZERS:-1}" != 0 ]]; then
-  for mode in asan tsan; do
-    bash "$src/tests/sanitizers/run.sh" "$mode" "$build-$mode" || rc=1
-    part "sanitizers: $mode (build + ctest)"
-  done
+if ((sanitizers)); then
+  san_rc=0
+  wait "$san_pid" || san_rc=$?
+  part "sanitizer builds: after ctest (main)"
+  [[ -f "$san_log.seconds" ]] && notes+=("the sanitizer builds ran $(cat "$san_log.seconds") s in all, at nice 19 beside ctest (main)")
+  if ((san_rc != 0)); then
+    echo "run-all: the sanitizer builds failed ($san_log):"; tail -n 60 "$san_log"; rc=1
+  else
+    grep -h 'built in' "$san_log" || true
+    for mode in asan tsan; do
+      bash "$src/tests/sanitizers/run.sh" "$mode" "$build-$mode" test || rc=1
+      part "sanitizers: $mode (ctest)"
+    done
+  fi
 fi
 echo
 echo "run-all: where the time went ($(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'))"
 for p in "${parts[@]}"; do printf '  %-36s %6d s\n' "${p%%|*}" "${p##*|}"; done
 printf '  %-36s %6d s (%d min)\n' "total" "$(( $(date +%s) - t0 ))" "$(( ($(date +%s) - t0 + 59) / 60 ))"
+for n in "${notes[@]}"; do echo "  ($n)"; done
 exit $rc

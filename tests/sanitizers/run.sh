@@ -2,8 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # kft's sanitizer runs: builds kft's tests and tools with a sanitizer and runs them with CTest.
 #
-#   tests/sanitizers/run.sh asan [BUILD_DIR]    AddressSanitizer + UndefinedBehaviorSanitizer
-#   tests/sanitizers/run.sh tsan [BUILD_DIR]    ThreadSanitizer
+#   tests/sanitizers/run.sh asan [BUILD_DIR] [PHASE]   AddressSanitizer + UndefinedBehaviorSanitizer
+#   tests/sanitizers/run.sh tsan [BUILD_DIR] [PHASE]   ThreadSanitizer
+#
+# PHASE is `all` (the default: build, then test), `build` or `test`: tests/run-all.sh builds
+# the subsets at the lowest CPU priority while the main suite runs (most of its tests wait on
+# processes and sockets, leaving CPU idle), then tests them.
 #
 # By default each runs the subset CI runs (the store, the shm transport across threads and
 # processes, the process groups and progress engine, the DDP reducer, kftrun, parsing); with
@@ -12,7 +16,9 @@
 # A finding stops the test that hit it (halt_on_error): fix it; a suppression in
 # tests/sanitizers/*.supp needs a comment saying why it is not kft's bug.
 set -euo pipefail
-mode=${1:?usage: run.sh asan|tsan [BUILD_DIR]}
+mode=${1:?usage: run.sh asan|tsan [BUILD_DIR] [all|build|test]}
+phase=${3:-all}
+case "$phase" in all|build|test) ;; *) echo "run.sh: unknown phase \"$phase\" (all, build or test)" >&2; exit 2 ;; esac
 src=$(cd "$(dirname "$0")/../.." && pwd)
 here="$src/tests/sanitizers"
 case "$mode" in
@@ -40,19 +46,25 @@ build=${2:-$src/build-$mode}
 
 # Only kft's own binaries are instrumented; CUDA and the benches are not part of these runs.
 # -O1 -g1: sanitizers' usual level (line numbers in reports), and a quicker build than -O2 -g.
+if [[ "$phase" != test ]]; then
 bash "$src/tools/configure.sh" "$build" -DKFT_SANITIZE="$flag" -DKFT_WITH_CUDA=OFF -DKFT_WITH_NCCL=OFF \
   -DKFT_BUILD_BENCH=OFF -DKFT_FUZZ=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" >/dev/null
 start=$(date +%s)
 if [[ "${KFT_SANITIZE_ALL:-0}" == 1 && "$mode" == asan ]]; then
   cmake --build "$build" -j "$(nproc)"
-  tests='.'
-  # ... and test_binding: hwloc unloads its PCI plugin when a topology is destroyed, so the
-  # plugin's (libpciaccess's) allocations kept until exit have "<unknown module>" stacks too.
-  mpi_tests='mpi|srun|salloc|kft_info|conformance_group|hierarchical|ddp\.process|trainer\.process|example\.|bench|^test_binding$'
 else
   cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 fi
 echo "sanitizers ($mode): built in $(( $(date +%s) - start )) s"
+fi
+[[ "$phase" != build ]] || exit 0
+[[ -f "$build/CTestTestfile.cmake" ]] || { echo "run.sh: $build holds no $mode build (run the build phase first)" >&2; exit 2; }
+if [[ "${KFT_SANITIZE_ALL:-0}" == 1 && "$mode" == asan ]]; then
+  tests='.'
+  # ... and test_binding: hwloc unloads its PCI plugin when a topology is destroyed, so the
+  # plugin's (libpciaccess's) allocations kept until exit have "<unknown module>" stacks too.
+  mpi_tests='mpi|srun|salloc|kft_info|conformance_group|hierarchical|ddp\.process|trainer\.process|example\.|bench|^test_binding$'
+fi
 
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:abort_on_error=0:exitcode=86"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:exitcode=87"
