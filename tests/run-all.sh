@@ -11,9 +11,21 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 build=${KFT_BUILD_DIR:-$src/build-tests}
 
 # Where the time goes: each part's seconds, printed as a table at the end (docs/building.md).
+# Each row also has the CPU seconds its processes used (user + system, from bash's `times`):
+# a part far below 2 CPU-seconds per second leaves the CPUs idle.
 parts=() notes=()
-t0=$(date +%s) last=$t0
-part() { local now; now=$(date +%s); parts+=("$1|$((now - last))"); last=$now; }
+cpu_file=$(mktemp)
+trap 'rm -f "$cpu_file"' EXIT
+children_cpu() {  # sets cpu: user + system seconds of the shell's finished children (`times`
+  times > "$cpu_file"  # runs in this shell: in a $(...) subshell it would count the subshell's)
+  cpu=$(tail -n 1 "$cpu_file" | awk '{ n = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); n += a[1] * 60 + a[2] } printf "%d", n }')
+}
+children_cpu
+t0=$(date +%s) last=$t0 last_cpu=$cpu
+part() {
+  local now; now=$(date +%s); children_cpu
+  parts+=("$1|$((now - last))|$((cpu - last_cpu))"); last=$now last_cpu=$cpu
+}
 
 bash "$src/tools/install-deps.sh"
 part "install packages"
@@ -59,7 +71,8 @@ if ((sanitizers)); then
 fi
 echo
 echo "run-all: where the time went ($(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'))"
-for p in "${parts[@]}"; do printf '  %-36s %6d s\n' "${p%%|*}" "${p##*|}"; done
-printf '  %-36s %6d s (%d min)\n' "total" "$(( $(date +%s) - t0 ))" "$(( ($(date +%s) - t0 + 59) / 60 ))"
+printf '  %-38s %6s   %s\n' "part" "wall" "CPU (user + system)"
+for p in "${parts[@]}"; do IFS='|' read -r name wall cpu <<< "$p"; printf '  %-38s %6d s %6d s\n' "$name" "$wall" "$cpu"; done
+printf '  %-38s %6d s (%d min)\n' "total" "$(( $(date +%s) - t0 ))" "$(( ($(date +%s) - t0 + 59) / 60 ))"
 for n in "${notes[@]}"; do echo "  ($n)"; done
 exit $rc
