@@ -12,22 +12,9 @@
 #include <string_view>
 
 #include <kft/core/error.hpp>
+#include <kft/core/hex.hpp>
 
 KFT_NAMESPACE_BEGIN
-
-namespace detail {
-/// Lowercase hex of arbitrary bytes.
-inline std::string to_hex(std::string_view bytes) {
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char b : bytes) {
-    out += hex[b >> 4];
-    out += hex[b & 15];
-  }
-  return out;
-}
-}  // namespace detail
 
 /// @brief 128 bits from the kernel's CSPRNG (getrandom), as lowercase hex.
 /// @throws transport_error when the kernel cannot supply random bytes
@@ -40,7 +27,7 @@ inline std::string random_token() {
     if (n <= 0) throw transport_error(std::string("getrandom failed: ") + std::strerror(errno), error_site::of("token"), errno);
     got += static_cast<std::size_t>(n);
   }
-  return detail::to_hex(std::string_view(reinterpret_cast<const char*>(bytes), sizeof bytes));
+  return detail::to_hex(bytes, sizeof bytes);
 }
 
 KFT_NAMESPACE_END

@@ -25,6 +25,7 @@
 
 #include <kft/core/dtype.hpp>
 #include <kft/core/error.hpp>
+#include <kft/core/hash.hpp>
 
 KFT_NAMESPACE_BEGIN
 namespace ddp {
@@ -134,18 +135,14 @@ inline std::size_t choose_bucket_cap(link_cost c, double overhead = 0.05, std::s
 /// rank exactly when the buckets are (the reducer puts it in the collectives' tag, where the
 /// signature check compares it at no extra cost).
 inline std::uint32_t fingerprint(std::span<const parameter> params, const bucket_assignment& buckets) {
-  std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&](std::uint64_t v) {
-    for (int k = 0; k < 8; ++k) h = (h ^ ((v >> (8 * k)) & 0xff)) * 1099511628211ull;
-  };
-  mix(params.size());
+  std::uint64_t h = kft::detail::fnv1a_u64(params.size());
   for (const auto& p : params) {
-    mix(p.count);
-    mix(static_cast<std::uint64_t>(p.type));
+    h = kft::detail::fnv1a_u64(p.count, h);
+    h = kft::detail::fnv1a_u64(static_cast<std::uint64_t>(p.type), h);
   }
   for (const auto& b : buckets) {
-    mix(b.size() | (1ull << 63));
-    for (std::size_t i : b) mix(i);
+    h = kft::detail::fnv1a_u64(b.size() | (1ull << 63), h);
+    for (std::size_t i : b) h = kft::detail::fnv1a_u64(i, h);
   }
   return static_cast<std::uint32_t>(h ^ (h >> 32));
 }

@@ -26,6 +26,8 @@
 
 #include <kft/core/environment.hpp>
 #include <kft/core/error.hpp>
+#include <kft/core/hash.hpp>
+#include <kft/core/hex.hpp>
 #include <kft/core/token.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -51,11 +53,11 @@ inline std::string private_dir(const environment& env) {
   return dir;
 }
 
-/// A file name for the job: FNV-1a of what identifies it (run id, rendezvous address, round).
+/// A file name for the job: FNV-1a of what identifies it (run id, rendezvous address, round),
+/// its eight bytes in memory order as hex.
 inline std::string token_file_name(const std::string& job_key) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : job_key) h = (h ^ c) * 1099511628211ull;
-  return "rdzv-" + kft::detail::to_hex(std::string_view(reinterpret_cast<const char*>(&h), sizeof h)) + ".token";
+  const std::uint64_t h = kft::detail::fnv1a(job_key);
+  return "rdzv-" + kft::detail::to_hex(&h, sizeof h) + ".token";
 }
 
 /// Rank 0: writes a fresh token and returns it. The file replaces any earlier one atomically.
