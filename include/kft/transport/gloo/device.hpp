@@ -54,6 +54,7 @@
 #include <vector>
 
 #include <kft/core/error.hpp>
+#include <kft/core/options.hpp>
 #include <kft/rendezvous/store.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -250,7 +251,9 @@ class store_adapter final : public ::gloo::rendezvous::Store {
   }
   void wait(const std::vector<std::string>& keys) override { s_->wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    s_->wait(keys, timeout.count() > 0 ? timeout : timeout_);
+    options asked;  // Gloo's 0 is "no timeout of its own": the communicator's
+    asked.timeout = timeout;
+    s_->wait(keys, kft::timeout_or(asked, timeout_));
   }
 
  private:
