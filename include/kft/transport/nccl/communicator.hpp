@@ -89,7 +89,7 @@ class communicator : public typed_collectives<communicator, options> {
       id = unique_id();
       store.set(key, detail::to_hex(id));
     } else {
-      id = detail::from_hex(store.get(key, cfg.timeout), error_site::of("nccl communicator"));
+      id = detail::from_hex(store.get(key, cfg.timeout), key, error_site::of("nccl communicator"));
     }
     init(id, rank, size, device, std::move(cfg));
   }
@@ -293,7 +293,9 @@ class communicator : public typed_collectives<communicator, options> {
     auto ev = std::make_shared<detail::event>(s_, s.take_event("synchronize", s.seq));
     kft::detail::cuda_check(cudaEventRecord(ev->ev, stream != nullptr ? stream : s.stream), "cudaEventRecord",
                             s.site("synchronize", s.seq));
-    detail::work_of(ev, collective::none, "synchronize", s.seq, 0, dtype::u8, timeout.count() > 0 ? timeout : s.cfg.timeout).wait();
+    detail::work_of(ev, collective::none, "synchronize", s.seq, 0, dtype::u8,
+                    kft::timeout_or(kft::options{.timeout = timeout}, s.cfg.timeout))
+        .wait();
   }
 
   /// @brief Stops this communicator now (`ncclCommAbort`: running kernels exit, other ranks
@@ -324,8 +326,9 @@ class communicator : public typed_collectives<communicator, options> {
     if (o.algorithm != algo::automatic)
       kft::detail::unsupported_algorithm(o.algorithm, "NCCL", "auto: NCCL chooses, NCCL_ALGO steers it",
                                          s_->site(op, s_->seq + 1));
-    if constexpr (std::same_as<O, options>) return {o.timeout.count() > 0 ? o.timeout : s_->cfg.timeout, o.stream, o.prescale};
-    else return {o.timeout.count() > 0 ? o.timeout : s_->cfg.timeout, nullptr, 0.0};
+    if constexpr (std::same_as<O, options>)
+      return {kft::timeout_or(kft::options{.timeout = o.timeout}, s_->cfg.timeout), o.stream, o.prescale};
+    else return {kft::timeout_or(o, s_->cfg.timeout), nullptr, 0.0};
   }
 
   // The one path every collective takes: number it, enqueue it (waiting out NCCL's background

@@ -21,8 +21,8 @@
 
 #include <kft/core/dtype.hpp>
 #include <kft/core/error.hpp>
+#include <kft/core/hex.hpp>
 #include <kft/core/options.hpp>
-#include <kft/core/token.hpp>
 #include <kft/transport/nccl/nccl.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -32,11 +32,12 @@ using namespace std::chrono_literals;
 
 /// @brief Settings of one communicator.
 struct config {
-  /// Default deadline of every collective, and of the initialisation (every rank must arrive).
-  std::chrono::milliseconds timeout = job_timeout();  // KFT_TIMEOUT
+  /// Default deadline of every collective, and of the initialisation (every rank must arrive);
+  /// the process groups apply KFT_TIMEOUT.
+  std::chrono::milliseconds timeout = default_job_timeout;
   /// How long the destructor lets `ncclCommFinalize` flush before it aborts instead (a
   /// destructor must neither throw nor hang on a peer that is gone).
-  std::chrono::milliseconds destroy_timeout = timeouts().teardown;
+  std::chrono::milliseconds destroy_timeout = default_timeouts.teardown;
   /// Scopes the rendezvous keys ("nccl/<name>/...") so that several communicators can meet
   /// through one store; ranks of one communicator must use the same name.
   std::string name = "kft";
@@ -78,26 +79,15 @@ inline ncclUniqueId unique_id() {
 namespace detail {
 
 /// The unique id as text for the store (hex: every store keeps text safely).
-inline std::string to_hex(const ncclUniqueId& id) {
-  return kft::detail::to_hex(std::string_view(id.internal, sizeof id.internal));
-}
+inline std::string to_hex(const ncclUniqueId& id) { return kft::detail::to_hex(id.internal, sizeof id.internal); }
 
-inline ncclUniqueId from_hex(std::string_view s, const error_site& site) {
+/// The unique id that rank 0 published under `key`.
+/// @throws transport_error naming the key and the text when it is not one (another program
+///         uses the same key?)
+inline ncclUniqueId from_hex(std::string_view s, std::string_view key, const error_site& site) {
   ncclUniqueId id{};
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  if (s.size() != 2 * sizeof id.internal)
-    throw transport_error("the NCCL unique id in the store has " + std::to_string(s.size()) + " characters, want " +
-                              std::to_string(2 * sizeof id.internal) + " (another program uses the same key?)",
-                          site);
-  for (std::size_t i = 0; i < sizeof id.internal; ++i) {
-    const int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
-    if (hi < 0 || lo < 0) throw transport_error("the NCCL unique id in the store is not hex", site);
-    id.internal[i] = static_cast<char>(static_cast<unsigned char>(hi * 16 + lo));
-  }
+  kft::detail::from_hex(s, id.internal, sizeof id.internal, "the NCCL unique id under '" + std::string(key) + "'",
+                        site);
   return id;
 }
 
