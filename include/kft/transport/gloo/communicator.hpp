@@ -149,8 +149,8 @@ class communicator : public typed_collectives<communicator> {
   /// rank's connections, so each peer's current or next call fails with a `remote_error`
   /// naming this rank and the reason; this rank's later calls fail too. A call of this rank
   /// already in flight on another thread is not woken (Gloo offers no way to wake it): it ends
-  /// at its deadline, or sooner when a peer's closed connection reaches it, with a usage_error
-  /// naming the abort.
+  /// at its deadline, or sooner when a peer's closed connection reaches it, with a remote_error
+  /// naming the abort (as shm's call under way when its group is aborted).
   void abort(std::string_view reason) noexcept {
     if (s_) s_->abort(reason);
   }

@@ -146,9 +146,12 @@ struct state {
       ctx->closeConnections();
     } catch (...) {  // already closed by the peer: nothing to cut
     }
+    // This rank's own abort (another thread) stopped the call under way: a remote_error, as the
+    // shared-memory transport's call under way when its group is aborted (a later call is
+    // refused by the latch: a usage_error, as everywhere).
     if (!local_abort.empty())
-      throw usage_error(op + " #" + std::to_string(seq) + " was cut short: this rank's communicator was " + local_abort,
-                        site(op, seq));
+      throw remote_error(op + " #" + std::to_string(seq) + " was cut short: this rank's communicator was " + local_abort,
+                         site(op, seq));
     const auto notes = compare_notes(store, rank, size, op, seq, what, cfg.report_grace, world_of, host_of);
     const std::string shape = " (" + std::to_string(count) + " x " + std::string(kft::name(t)) + ")";
     if (!notes.aborted.empty())
