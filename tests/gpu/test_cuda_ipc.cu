@@ -8,7 +8,8 @@
 //  - broadcast, reduce_scatter (chunked), allgather (chunked), barrier;
 //  - every rank's outputs (reduce_scatter's own slices aside) are bit-identical (hashes compared
 //    through the store);
-//  - a mismatched call (different counts) fails on every rank naming the other call;
+//  - a mismatched call (different counts) fails on every rank naming the other call, and the
+//    next call is refused with a usage_error naming that failure;
 //  - a rank that never calls: the caller's timeout_error comes within its deadline;
 //  - abort(reason) on one rank: the others' calls fail with remote_error carrying the reason;
 //  - with 4 ranks, the generic hierarchical allreduce over two of these communicators (two
@@ -427,6 +428,20 @@ void failures(kft::rendezvous::store& store) {
     }
     EXPECT(what.find("different call") != std::string::npos, "mismatch not reported: '%s'", what.c_str());
     std::printf("[rank %d/%d] mismatch: %s\n", g_rank, g_size, what.c_str());
+    // After a failure the communicator refuses calls, as every transport does: a usage_error
+    // naming the failure, and the call it refused (numbered after the failed one).
+    std::string refused;
+    try {
+      c.allreduce(b.p, b.p, 8, kft::dtype::f32, kft::op_kind::sum);
+    } catch (const kft::usage_error& e) {
+      refused = e.what();
+    } catch (const kft::error& e) {
+      refused = std::string("not a usage_error: ") + e.what();
+    }
+    EXPECT(refused.find("earlier failure") != std::string::npos && refused.find("different call") != std::string::npos &&
+               refused.find("allreduce #2") != std::string::npos,
+           "the call after a mismatch was not refused with a usage_error naming it: '%s'", refused.c_str());
+    EXPECT(!c.broken().empty(), "broken() is empty after a mismatch");
   }
   // A rank that never calls: rank 0's call times out (GPU deadline 2 s); the others wait.
   {
