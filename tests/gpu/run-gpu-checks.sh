@@ -13,6 +13,8 @@
 #  - all_reduce_perf on NCCL (bench/, --backend nccl) in nccl-tests' columns;
 #  - kft's CUDA reduction kernels: every dtype x op x inputs against a host reference
 #    (test_cuda_reduce), then their bandwidth beside cudaMemcpy D2D (bench/cuda_reduce_perf);
+#  - the conformance suite on the CUDA IPC communicator (test_conformance_cuda_ipc starts its
+#    ranks as processes: 2 and 3 here, KFT_CONFORMANCE_CUDA_IPC_RANKS picks others);
 #  - the CUDA IPC communicator between 2, 3 and 4 processes (test_cuda_ipc starts them; they
 #    share GPU 0 when there is one GPU), the hierarchical allreduce over two of them (4 ranks
 #    as 2 nodes x 2) and the DDP reducer over it, then its all_reduce_perf (bench/cuda_ipc_perf), again
@@ -37,6 +39,7 @@ conformance=$build/tests/test_conformance_nccl
 ddp=$build/tests/test_ddp_nccl
 kernels=$build/tests/test_cuda_reduce
 ipc=$build/tests/test_cuda_ipc
+ipc_conformance=$build/tests/test_conformance_cuda_ipc
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 echo "== GPUs"
@@ -50,6 +53,7 @@ if [[ ! -x $exe ]]; then
   fi
   cmake --build "$build" --target test_nccl test_conformance_nccl test_ddp_nccl test_cuda_reduce test_cuda_ipc -j "$(nproc)" || exit 1
 fi
+[[ -x $ipc_conformance ]] || cmake --build "$build" --target test_conformance_cuda_ipc -j "$(nproc)" || true
 [[ -x $build/bench/allreduce_perf ]] || cmake --build "$build" --target allreduce_perf -j "$(nproc)" || true
 [[ -x $build/bench/cuda_reduce_perf ]] || cmake --build "$build" --target cuda_reduce_perf -j "$(nproc)" || true
 [[ -x $build/bench/cuda_ipc_perf ]] || cmake --build "$build" --target cuda_ipc_perf -j "$(nproc)" || true
@@ -133,6 +137,14 @@ if [[ -x $ipc ]]; then
   irc=$?
 fi
 
+icrc=0
+if [[ -x $ipc_conformance ]]; then
+  echo "== conformance on the CUDA IPC communicator (ranks as processes)"
+  KFT_CONFORMANCE_CUDA_IPC_RANKS=${KFT_CONFORMANCE_CUDA_IPC_RANKS:-2 3} timeout 600 "$ipc_conformance" \
+    --log_level=error --report_level=short --color_output=false
+  icrc=$?
+fi
+
 iprc=0
 orc=0
 trc=0
@@ -178,7 +190,8 @@ if [[ -x $build/bench/cuda_ipc_perf ]]; then
 fi
 
 echo "run-gpu-checks: threads exit $rc, processes exit $prc, conformance exit $crc, ddp exit $drc, bench exit $brc," \
-  "kernels exit $krc, kernel bench exit $kbrc, optimizer exit $orc_opt, cuda ipc exit $irc, ipc bench exit $iprc," \
+  "kernels exit $krc, kernel bench exit $kbrc, optimizer exit $orc_opt, cuda ipc exit $irc," \
+  "cuda ipc conformance exit $icrc, ipc bench exit $iprc," \
   "ddp overlap exit $orc, gpu trainer exit $trc, $((SECONDS - start)) s"
 [[ $rc -eq 0 && $prc -eq 0 && $crc -eq 0 && $drc -eq 0 && $brc -eq 0 && $krc -eq 0 && $kbrc -eq 0 && $orc_opt -eq 0 &&
-  $irc -eq 0 && $iprc -eq 0 && $orc -eq 0 && $trc -eq 0 ]]
+  $irc -eq 0 && $icrc -eq 0 && $iprc -eq 0 && $orc -eq 0 && $trc -eq 0 ]]
