@@ -20,7 +20,7 @@ import tempfile
 import time
 
 import procs
-from procs import files_under, kft_shm, listening, marked_processes
+from procs import expect, files_under, kft_shm, listening, marked_processes
 
 KFTRUN, KFT_INFO, SCENARIO = sys.argv[1], sys.argv[2], sys.argv[3]
 MARK = str(random.randint(10**8, 10**9))  # unique argument to find this test's processes
@@ -57,15 +57,6 @@ def run(args, timeout=60, **extra):
 def leftovers():
     """Processes (other than kftrun agents) whose command line carries MARK."""
     return marked_processes(MARK, skip=("kftrun",))
-
-
-def expect(cond, what, *context):
-    if not cond:
-        print(f"FAIL: {what}")
-        for c in context:
-            print(c)
-        sys.exit(1)
-    print(f"ok: {what}")
 
 
 def no_leftovers(wait=2.0):

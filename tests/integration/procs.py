@@ -1,8 +1,40 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the Python process tests share: finding a test's processes by a marker in their command
-line, and checking that a job left nothing behind (/dev/shm entries, listening ports, files)."""
+"""What the Python process tests share: expect(), the one check; finding a test's processes by a
+marker in their command line; and checking that a job left nothing behind (/dev/shm entries,
+listening ports, files). The scripts run as `python3 tests/integration/<script>.py`, so this
+folder is on their path."""
 import os
 import socket
+import subprocess
+import sys
+
+checks = 0    # expect() calls so far
+failures = 0  # expect(..., fatal=False) calls that failed
+
+
+def expect(cond, what, *context, fatal=True):
+    """One check: prints "ok: WHAT" or "FAIL: WHAT" (flushed, so it stands in order with the
+    output of the commands a test runs). A failed check prints each item of `context` (a
+    finished process as its exit status and the ends of its output; None is left out), then
+    exits 1 (fatal, the default: the checks after it would read a broken state) or, with
+    fatal=False, counts itself in `failures` and returns (a matrix of independent cases runs
+    on; the script exits by `failures` at its end)."""
+    global checks, failures
+    checks += 1
+    print(("ok: " if cond else "FAIL: ") + what, flush=True)
+    if cond:
+        return
+    for c in context:
+        if c is None:
+            continue
+        if isinstance(c, subprocess.CompletedProcess):
+            c = f"exit={c.returncode}\nstdout: {c.stdout[-1500:]!r}\nstderr: {c.stderr[-1500:]!r}"
+        text = str(c)
+        print(text if len(text) <= 10000 else f"... ({len(text) - 10000} characters before)\n{text[-10000:]}",
+              flush=True)
+    if fatal:
+        sys.exit(1)
+    failures += 1
 
 
 def marked_processes(mark, skip=()):

@@ -15,15 +15,9 @@ import subprocess
 import sys
 import time
 
+from procs import expect  # (this folder is on the path when run as a script)
+
 WORKER, KFTRUN, MPIRUN, SCENARIO = sys.argv[1:5]
-
-
-def expect(cond, what, *context):
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        for c in context:
-            print(c)
-        sys.exit(1)
 
 
 def shm_entries():

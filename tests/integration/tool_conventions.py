@@ -10,10 +10,13 @@
 "<who> <LEVEL>: <message>"; KFT_LOG_LEVEL sets the threshold (a bad value exits 2 naming it),
 -v/--verbose and -q/--quiet set KFT_LOG_LEVEL (kftrun's workers inherit it).
 """
+import functools
 import os
 import re
 import subprocess
 import sys
+
+import procs  # (this folder is on the path when run as a script)
 
 VERSION, KFTRUN, KFT_INFO = sys.argv[1:4]
 KFT_MANIFEST = sys.argv[4] if len(sys.argv) > 4 else None
@@ -22,22 +25,12 @@ LINE = re.compile(r"^(kftrun|kftrun\[node \d+\]|kft-info|kft-manifest) (ERROR|WA
 # A clean environment: no launcher, no KFT_* of the caller (KFT_LOG_LEVEL above all).
 BASE = {k: v for k, v in os.environ.items()
         if k in ("PATH", "HOME", "LANG", "LD_LIBRARY_PATH", "TMPDIR") or k.endswith("SAN_OPTIONS")}
-failures = 0
-checks = 0
+# Not fatal: every convention is checked, and the script fails by procs.failures at the end.
+expect = functools.partial(procs.expect, fatal=False)
 
 
 def run(args, **extra):
     return subprocess.run(args, env={**BASE, **extra}, capture_output=True, text=True, timeout=60)
-
-
-def expect(ok, what, p=None):
-    global failures, checks
-    checks += 1
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures += 1
-        if p is not None:
-            print(f"     exit={p.returncode}\n     stdout: {p.stdout[-1500:]!r}\n     stderr: {p.stderr[-1500:]!r}")
 
 
 def well_formed(p):
@@ -115,5 +108,5 @@ p = run([KFTRUN, "--nproc-per-node", "1", "--", "sh", "-c", "exit 3"])
 expect(p.returncode == 3 and re.search(r"^kftrun\[node 0\] ERROR: rank 0 .*exited with status 3$", p.stderr, re.M)
        and well_formed(p), "a failed job ends with one ERROR line of the agent", p)
 
-print(f"tool_conventions: {checks - failures} passed, {failures} failed")
-sys.exit(1 if failures else 0)
+print(f"tool_conventions: {procs.checks - procs.failures} passed, {procs.failures} failed")
+sys.exit(1 if procs.failures else 0)

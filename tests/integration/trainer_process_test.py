@@ -19,15 +19,9 @@ import subprocess
 import sys
 import tempfile
 
+from procs import expect  # (this folder is on the path when run as a script)
+
 WORKER, KFTRUN, SCENARIO = sys.argv[1:4]
-
-
-def expect(cond, what, *context):
-    print(("ok: " if cond else "FAIL: ") + what, flush=True)
-    if not cond:
-        for c in context:
-            print(c)
-        sys.exit(1)
 
 
 def clean_env():
