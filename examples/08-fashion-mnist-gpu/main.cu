@@ -122,6 +122,7 @@ int run(int argc, char** argv) {
     cuda_stream stream;
     kft::cuda_ipc::config cfg;
     cfg.name = "fmnist";
+    cfg.timeout = job.timeout();  // the job's (kftrun --timeout, KFT_TIMEOUT), as the group has it
     // The communicator's ranks are the control group's (the trainer checks that both agree);
     // on one node they are the local ranks.
     kft::cuda_ipc::communicator dev(*job.store(), pg.rank(), pg.size(), device, cfg);

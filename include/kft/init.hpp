@@ -26,9 +26,11 @@
 /// component (`kft::mpi`) init calls `MPI_Init_thread(MPI_THREAD_MULTIPLE)` there, or uses an MPI
 /// the program initialised itself (and then leaves finalising it to the program).
 ///
-/// Environment read here: `KFT_LOG_LEVEL` (the report's verbosity), `KFT_TIMEOUT` (the
-/// rendezvous deadline), the launchers' variables (discovery), and what `connect_store` and
-/// `make_process_group` read.
+/// Environment read here: `KFT_LOG_LEVEL` (the report's verbosity), `KFT_TIMEOUT` (the job's
+/// timeout: the rendezvous deadline, and through `connect_store`, `mpi_bootstrap` and
+/// `make_process_group` every default deadline of the store and the group; `session::timeout()`
+/// for a transport the program builds itself), the launchers' variables (discovery), and what
+/// `connect_store` and `make_process_group` read.
 #pragma once
 
 #include <chrono>
@@ -71,7 +73,8 @@ struct init_options {
   bool init_mpi = true;
   /// false: discovery and the store (and MPI) only, no group; for programs that build their own
   /// communicator (`group::node_communicator`, `group::mpi_group`) or act between the
-  /// rendezvous and the group (fault tests). `session::group()` must not be called then.
+  /// rendezvous and the group (fault tests). `session::group()` must not be called then; a
+  /// transport built directly takes `session::timeout()` to honour `KFT_TIMEOUT`.
   bool make_group = true;
   /// A store the caller already has (a `file_store`, a `memory_store` shared by threads); the
   /// ranks meet through it instead of the launcher's. nullptr: chosen as in the table above.
@@ -90,6 +93,7 @@ class session {
         bootstrap_(std::move(o.bootstrap_)),
         store_(std::move(o.store_)),
         group_(std::move(o.group_)),
+        timeout_(o.timeout_),
         owns_mpi_(std::exchange(o.owns_mpi_, false)) {
     o.group_.reset();
   }
@@ -101,6 +105,7 @@ class session {
       store_ = std::move(o.store_);
       group_ = std::move(o.group_);
       o.group_.reset();
+      timeout_ = o.timeout_;
       owns_mpi_ = std::exchange(o.owns_mpi_, false);
     }
     return *this;
@@ -130,6 +135,10 @@ class session {
   /// @brief How the ranks met, in words: "MPI (Open MPI's mpirun)", "kftrun's store at
   /// 127.0.0.1:29500", "torchrun's TCPStore at ...", "single process", ...
   const std::string& bootstrap() const noexcept { return bootstrap_; }
+  /// @brief The job's timeout (`KFT_TIMEOUT` in init's environment, else 5 minutes), which init
+  /// applied to the store and the group. A transport the program builds itself takes its
+  /// config's timeout: `cfg.timeout = job.timeout()` gives it the job's (kftrun's `--timeout`).
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   /// @brief Whether init called MPI_Init (so the destructor calls MPI_Finalize).
   bool owns_mpi() const noexcept { return owns_mpi_; }
   /// @brief The line init logs at rank 0 (`KFT_LOG_LEVEL=info`): rank and size, discovery
@@ -162,6 +171,7 @@ class session {
   std::string bootstrap_;
   rendezvous::store_handle store_;
   std::optional<group::process_group> group_;
+  std::chrono::milliseconds timeout_ = default_job_timeout;
   bool owns_mpi_ = false;
 };
 
@@ -253,14 +263,11 @@ auto step(const std::string& name, F&& f) -> decltype(f()) {
 inline session init_impl(int* argc, char*** argv, init_options o) {
   const environment env = o.env ? std::move(*o.env) : environment::process();
   log::set_threshold(detail::step("", [&] { return log::threshold_from(env, log::level::warn); }));
-  std::chrono::milliseconds timeout = o.rendezvous_timeout;
-  if (timeout.count() <= 0) {
-    const auto t = env.get("KFT_TIMEOUT");
-    timeout = t && !t->empty() ? detail::step("", [&] { return detail::parse_duration("KFT_TIMEOUT", *t); })
-                               : default_job_timeout;
-  }
+  const std::chrono::milliseconds job = detail::step("", [&] { return job_timeout(env); });
+  const std::chrono::milliseconds timeout = o.rendezvous_timeout.count() > 0 ? o.rendezvous_timeout : job;
 
   session s;
+  s.timeout_ = job;
   std::string launcher = detail::mpi_launcher(env);
   bool use_mpi = false;
 #if KFT_WITH_MPI
@@ -325,6 +332,7 @@ inline session init_impl(int* argc, char*** argv, init_options o) {
   } else if (use_mpi) {
 #if KFT_WITH_MPI
     s.store_ = detail::step("rendezvous", [&] { return rendezvous::mpi_bootstrap(MPI_COMM_WORLD, timeout); });
+    s.store_.drain_timeout = job;
     s.bootstrap_ = "MPI (" + launcher + ")";
 #endif
   } else {

@@ -88,7 +88,9 @@ int main(int argc, char** argv) {
     }
     kft::shm::config cfg;
     cfg.pool_bytes = 4u << 20;
-    if (mode != "stall") cfg.timeout = 60s;  // stall: the default, from KFT_TIMEOUT
+    // stall: the job's timeout (kftrun --timeout, or KFT_TIMEOUT under mpirun), which init read: a
+    // transport built directly takes its config's, so the worker applies it as the groups do.
+    cfg.timeout = mode == "stall" ? job->timeout() : 60s;
     cfg.name = "shm-worker";
     kft::shm::communicator comm(job->store(), me.rank, me.world_size, cfg);
     if (mode == "sweep") {

@@ -117,6 +117,44 @@ BOOST_AUTO_TEST_CASE(malformed_settings_are_refused_by_the_factory) {
                         [](const kft::config_error& e) { return e.variable() == "KFT_SHM_SMALL_BYTES"; });
 }
 
+// KFT_TIMEOUT: the transports' configs default to kft's constant; the groups' makers apply the
+// job's from the environment they are given, and a timeout the program set stays.
+BOOST_AUTO_TEST_CASE(the_group_makers_apply_the_job_timeout) {
+  const kft::environment none(kft::environment::map_type{{"KFT_RUN_ID", "timeout-test"}});
+  const kft::environment seven = none.with("KFT_TIMEOUT", "7s");
+  BOOST_TEST((kft::shm::config{}.timeout == kft::default_job_timeout));
+  BOOST_TEST((kft::group::shm_config(none).timeout == kft::default_job_timeout));
+  BOOST_TEST((kft::group::shm_config(seven).timeout == 7s));
+  kft::shm::config mine;
+  mine.timeout = 60s;
+  BOOST_TEST((kft::group::shm_config(seven, mine).timeout == 60s));
+  BOOST_CHECK_EXCEPTION(kft::group::shm_config(none.with("KFT_TIMEOUT", "soon")), kft::config_error,
+                        [](const kft::config_error& e) { return e.variable() == "KFT_TIMEOUT" && e.value() == "soon"; });
+  {
+    auto pg = kft::group::make_process_group(place(0, 1, 1, 1), std::make_shared<kft::rendezvous::memory_store>(), {},
+                                             seven);
+    BOOST_TEST((pg.get<kft::shm::communicator>()->configuration().timeout == 7s));
+  }
+  {
+    kft::group::group_options o;
+    o.timeout = 9s;
+    auto pg = kft::group::make_process_group(place(0, 1, 1, 1), std::make_shared<kft::rendezvous::memory_store>(), o,
+                                             seven);
+    BOOST_TEST((pg.get<kft::shm::communicator>()->configuration().timeout == 9s));
+  }
+#if KFT_WITH_MPI
+  BOOST_TEST((kft::mpi::config{}.timeout == kft::default_job_timeout));
+  BOOST_TEST((kft::group::mpi_group_config_from(seven).mpi.timeout == 7s));
+  BOOST_TEST((kft::group::mpi_group_config_from(seven).shm.timeout == 7s));
+#endif
+#if KFT_WITH_GLOO
+  const auto g = kft::group::gloo_group_config_from(none.with("KFT_TIMEOUT", "1s"));
+  BOOST_TEST((g.gloo.timeout == 1s));
+  BOOST_TEST((g.gloo.report_grace == 1s));  // min(T, 2 s)
+  BOOST_TEST((g.shm.timeout == 1s));
+#endif
+}
+
 // KFT_SHM_TUNING: a machine's measured sizes and crossovers (bench/tune_shm.py) reach every
 // communicator the groups build; its rows go before kft's defaults; KFT_SHM_* still win.
 namespace {

@@ -272,6 +272,17 @@ BOOST_AUTO_TEST_CASE(without_a_group_init_gives_the_world_and_the_store) {
   BOOST_TEST(job.report().find("group: none (make_group = false)") != std::string::npos, job.report());
 }
 
+// The job's timeout: init reads KFT_TIMEOUT from its environment and applies it to the group;
+// the session gives it to a transport the program builds itself.
+BOOST_AUTO_TEST_CASE(init_applies_the_job_timeout_and_gives_it) {
+  threshold_guard g;
+  auto job = kft::init({.env = kft::environment(map{{"KFT_RUN_ID", run_id("timeout")}, {"KFT_TIMEOUT", "7s"}})});
+  BOOST_TEST((job.timeout() == 7s));
+  BOOST_TEST((job.group().get<kft::shm::communicator>()->configuration().timeout == 7s));
+  auto plain = kft::init({.env = kft::environment(map{}), .make_group = false});
+  BOOST_TEST((plain.timeout() == kft::default_job_timeout));
+}
+
 BOOST_AUTO_TEST_CASE(a_malformed_environment_names_the_variable_and_the_step) {
   threshold_guard g;
   auto init_with = [](map m) { return kft::init({.env = kft::environment(std::move(m))}); };

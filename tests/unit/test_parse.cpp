@@ -79,3 +79,30 @@ BOOST_AUTO_TEST_CASE(inline_namespace_encodes_configuration) {
                              "_gloo" + std::to_string(KFT_WITH_GLOO);
   BOOST_TEST(ns == expect);
 }
+
+// KFT_TIMEOUT is read from the environment given, never the process's; configs hold the
+// constant default until a maker applies the job's, and a value the program set stays.
+BOOST_AUTO_TEST_CASE(the_job_timeout_comes_from_the_environment_given) {
+  using namespace std::chrono_literals;
+  BOOST_TEST((kft::job_timeout(kft::environment()) == kft::default_job_timeout));
+  BOOST_TEST((kft::job_timeout(env_of("KFT_TIMEOUT", "")) == kft::default_job_timeout));
+  BOOST_TEST((kft::job_timeout(env_of("KFT_TIMEOUT", "90")) == 90s));
+  BOOST_TEST((kft::job_timeout(env_of("KFT_TIMEOUT", "1500ms")) == 1500ms));
+  BOOST_TEST((kft::timeouts(env_of("KFT_TIMEOUT", "1s")).report_grace == 1s));
+  try {
+    (void)kft::job_timeout(env_of("KFT_TIMEOUT", "7x"));
+    BOOST_FAIL("no config_error for KFT_TIMEOUT=7x");
+  } catch (const kft::config_error& e) {
+    BOOST_TEST(e.variable() == "KFT_TIMEOUT");
+    BOOST_TEST(e.value() == "7x");
+  }
+  const auto job = kft::derived_timeouts::from(4s);
+  std::chrono::milliseconds at_default = kft::default_job_timeout, chosen = 60s;
+  std::chrono::milliseconds grace = kft::default_timeouts.report_grace;
+  kft::apply_timeout(at_default, job);
+  kft::apply_timeout(chosen, job);
+  kft::apply_timeout(grace, kft::derived_timeouts::from(500ms), &kft::derived_timeouts::report_grace);
+  BOOST_TEST((at_default == 4s));
+  BOOST_TEST((chosen == 60s));
+  BOOST_TEST((grace == 500ms));
+}

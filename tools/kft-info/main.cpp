@@ -57,7 +57,7 @@ nlohmann::json build_facts() {
 // KFT_TIMEOUT and the defaults derived from it (docs/reliability.md).
 nlohmann::json timeout_facts(const kft::environment& env) {
   try {
-    const auto t = kft::derived_timeouts::from(kft::checked_job_timeout());
+    const auto t = kft::timeouts(env);
     auto s = [](std::chrono::milliseconds d) { return static_cast<double>(d.count()) / 1000.0; };
     return {{"job_s", s(t.job)}, {"store_request_s", s(t.store_request)}, {"heartbeat_s", s(t.heartbeat)},
             {"report_grace_s", s(t.report_grace)}, {"teardown_s", s(t.teardown)},

@@ -70,7 +70,7 @@ namespace async {
 struct operation {
   collective op = collective::none;
   std::uint64_t seq = 0;
-  std::chrono::milliseconds timeout{job_timeout()};
+  std::chrono::milliseconds timeout{default_job_timeout};
   std::string name;  ///< optional, e.g. "allreduce (f32 x 1048576)"
 };
 

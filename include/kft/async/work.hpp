@@ -49,7 +49,7 @@ using clock = std::chrono::steady_clock;
 struct work_state {
   collective op = collective::none;
   std::uint64_t seq = 0;
-  std::chrono::milliseconds timeout{job_timeout()};  ///< the operation's own deadline
+  std::chrono::milliseconds timeout{default_job_timeout};  ///< the operation's own deadline (its backend sets it)
   std::string name;  ///< for messages, e.g. "allreduce (f32 x 1048576)"; empty = name(op)
 
   /// Drives completion from the waiting thread: returns true once the operation is done and

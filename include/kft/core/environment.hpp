@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file kft/core/environment.hpp
-/// @brief A snapshot of the process environment that discovery reads.
+/// @brief A snapshot of the process environment: what discovery, the store, topology and the
+/// process groups read.
 ///
-/// Discovery never calls getenv() directly: it reads an `environment`, which is either a
-/// snapshot of this process (`environment::process()`) or a fixed map (tests, tools that
-/// explain "what would rank 3 see"). The hostname and the files discovery may read
-/// (Kubernetes' MPI hostfile) go through it too, so a fixed environment is complete.
+/// The one place in kft that reads the process environment (`environ`; nothing calls getenv()):
+/// everything else reads an `environment` it is given, which is either a snapshot of this
+/// process (`environment::process()`, taken by the program, `kft::init`, the groups or the
+/// tools) or a fixed map (tests, tools that explain "what would rank 3 see"). Below the process
+/// groups nothing takes the snapshot itself (docs/architecture.md). The hostname and the files
+/// discovery may read (Kubernetes' MPI hostfile) go through it too, so a fixed environment is
+/// complete.
 #pragma once
 
 #include <unistd.h>

@@ -9,16 +9,23 @@
 ///
 ///     KFT_TIMEOUT=120        seconds
 ///     KFT_TIMEOUT=90s | 2m | 1500ms | 1.5s
+///
+/// Nothing here reads the process environment. A config's timeouts default to constants
+/// (`default_job_timeout`, `default_timeouts`); `job_timeout(env)` reads `KFT_TIMEOUT` from an
+/// `environment` it is given, and the places that make a process group (`kft::init`,
+/// `group::make_process_group` and the group makers, `rendezvous::connect_store`) apply it to
+/// the configs they build (`apply_timeout`). A transport a program constructs itself takes its
+/// config's timeout: the program applies the job's when it wants it.
 #pragma once
 
 #include <algorithm>
 #include <charconv>
 #include <chrono>
-#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <system_error>
 
+#include <kft/core/environment.hpp>
 #include <kft/core/error.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -58,45 +65,6 @@ inline std::chrono::milliseconds parse_duration(std::string_view what, std::stri
 /// (a cold page cache, a large model's first broadcast) and short enough that a hang is noticed.
 inline constexpr std::chrono::milliseconds default_job_timeout{300'000};
 
-namespace detail {
-struct job_timeout_setting {
-  std::chrono::milliseconds value{default_job_timeout};
-  std::string bad;  // a malformed KFT_TIMEOUT, as set
-  job_timeout_setting() {
-    const char* v = std::getenv("KFT_TIMEOUT");
-    if (v == nullptr || *v == '\0') return;
-    try {
-      value = parse_duration("KFT_TIMEOUT", v);
-    } catch (const config_error&) {
-      bad = v;
-    }
-  }
-  static const job_timeout_setting& get() {
-    static const job_timeout_setting s;
-    return s;
-  }
-};
-}  // namespace detail
-
-/// @brief KFT_TIMEOUT from the process environment (read once), or the default. Every
-/// default deadline is initialised from it, so it does not throw: a malformed value is
-/// reported by `discover()` (which every program calls first), `checked_job_timeout()`,
-/// kftrun and kft-info, and is otherwise the default.
-inline std::chrono::milliseconds job_timeout() noexcept {
-  try {
-    return detail::job_timeout_setting::get().value;
-  } catch (...) {  // allocation failure reading the environment: the default
-    return default_job_timeout;
-  }
-}
-
-/// @brief `job_timeout()`, or a config_error naming a malformed KFT_TIMEOUT.
-inline std::chrono::milliseconds checked_job_timeout() {
-  const auto& s = detail::job_timeout_setting::get();
-  if (!s.bad.empty()) (void)detail::parse_duration("KFT_TIMEOUT", s.bad);  // throws, naming it
-  return s.value;
-}
-
 /// @brief The defaults every wait takes from the job timeout T (docs/reliability.md).
 struct derived_timeouts {
   std::chrono::milliseconds job;            ///< T: collectives, set-up, rendezvous, store connect
@@ -116,7 +84,27 @@ struct derived_timeouts {
 /// process group (or its maker) applies the job's timeout.
 inline constexpr derived_timeouts default_timeouts = derived_timeouts::from(default_job_timeout);
 
-/// @brief derived_timeouts::from(job_timeout()).
-inline derived_timeouts timeouts() noexcept { return derived_timeouts::from(job_timeout()); }
+/// @brief The job's timeout: `KFT_TIMEOUT` from `env`, or `default_job_timeout` when it is unset
+/// or empty.
+/// @throws config_error naming KFT_TIMEOUT and its value when it is malformed
+inline std::chrono::milliseconds job_timeout(const environment& env) {
+  const auto v = env.get("KFT_TIMEOUT");
+  return v && !v->empty() ? detail::parse_duration("KFT_TIMEOUT", *v) : default_job_timeout;
+}
+
+/// @brief derived_timeouts::from(job_timeout(env)).
+/// @throws config_error naming a malformed KFT_TIMEOUT
+inline derived_timeouts timeouts(const environment& env) { return derived_timeouts::from(job_timeout(env)); }
+
+/// @brief How a maker applies the job's timeouts to a config it builds: `setting` takes
+/// `job.*which` where it still holds its constant default (`default_timeouts.*which`); a value
+/// the program chose stays. (A program that sets exactly the default gets the job's.)
+///
+///     apply_timeout(cfg.timeout, t);                                   // the job's T
+///     apply_timeout(cfg.report_grace, t, &derived_timeouts::report_grace);
+constexpr void apply_timeout(std::chrono::milliseconds& setting, const derived_timeouts& job,
+                             std::chrono::milliseconds derived_timeouts::*which = &derived_timeouts::job) noexcept {
+  if (setting == default_timeouts.*which) setting = job.*which;
+}
 
 KFT_NAMESPACE_END

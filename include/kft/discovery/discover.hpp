@@ -174,10 +174,10 @@ inline discovery_report discover_report(const environment& env = environment::pr
 
 /// @brief This process's place in the job, from the environment.
 /// @throws config_error naming the variable and value when the environment is malformed
-/// (KFT_TIMEOUT included: every program meets it here, before any default deadline is used).
+/// (KFT_TIMEOUT included: every program meets it here, before the group makers apply it).
 template <class P = default_precedence>
 world_info discover(const environment& env = environment::process(), P p = {}) {
-  if (auto t = env.get("KFT_TIMEOUT"); t && !t->empty()) (void)detail::parse_duration("KFT_TIMEOUT", *t);
+  (void)job_timeout(env);
   return discover_report(env, p).world;
 }
 

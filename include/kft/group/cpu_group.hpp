@@ -32,6 +32,7 @@
 
 #include <kft/async/engine.hpp>
 #include <kft/core/environment.hpp>
+#include <kft/core/options.hpp>
 #include <kft/core/timeout.hpp>
 #include <kft/collectives/allreduce_hierarchical.hpp>
 #include <kft/rendezvous/connect.hpp>
@@ -91,15 +92,14 @@ class marked_rail {
   }
   // How long a call may take to fail: its deadline, the wait for the peers' reports, and 1 s
   // of slack (the store's answer).
+  // A rail without settings of its own takes the node's (the job's timeout, as the group's
+  // maker applied it).
   std::chrono::milliseconds bound(const options& o) const {
-    std::chrono::milliseconds t = o.timeout;
-    if (t.count() <= 0) {
-      if constexpr (requires(const Inter& r) { r.configuration().timeout; }) t = rail_.configuration().timeout;
-      else t = job_timeout();
-    }
-    std::chrono::milliseconds grace = timeouts().report_grace;
+    std::chrono::milliseconds fallback = intra_.configuration().timeout;
+    if constexpr (requires(const Inter& r) { r.configuration().timeout; }) fallback = rail_.configuration().timeout;
+    std::chrono::milliseconds grace = derived_timeouts::from(intra_.configuration().timeout).report_grace;
     if constexpr (requires(const Inter& r) { r.configuration().report_grace; }) grace = rail_.configuration().report_grace;
-    return t + grace + std::chrono::seconds(1);
+    return timeout_or(o, fallback) + grace + std::chrono::seconds(1);
   }
 
  private:
@@ -264,7 +264,7 @@ class cpu_group : public typed_collectives<cpu_group<Inter>> {
   template <class F>
   async::work submit(collective c, const options& o, F&& f) {
     const auto seq = ++issued_;
-    auto timeout = o.timeout.count() > 0 ? o.timeout : p_.intra->configuration().timeout;
+    auto timeout = timeout_or(o, p_.intra->configuration().timeout);
     // Across nodes a node peer's wait may give a rank inside its rail's call that call's bound
     // more (marked_rail): the handle's deadline must not fire before the errors of the levels.
     if (c == collective::allreduce && p_.layout.nodes() > 1) timeout += marked_->bound(o);

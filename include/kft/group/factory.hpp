@@ -22,7 +22,8 @@
 ///
 /// Environment read here: `KFT_SHM_TUNING` (a file from bench/tune_shm.py), `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES`,
 /// `KFT_SHM_STREAMING_BYTES`, `KFT_SHM_HUGE_PAGES`, `KFT_SHM_REGION_ALIGN`, `KFT_PROGRESS_AFFINITY`, `KFT_RUN_ID`/`TORCHELASTIC_RUN_ID` (segment names), `KFT_ALGO`,
-/// `KFT_MPI_CHECK`, `KFT_INTER_NODE`, `KFT_SOCKET_IFNAME`, `KFT_HOST_ID` (through topology).
+/// `KFT_MPI_CHECK`, `KFT_INTER_NODE`, `KFT_SOCKET_IFNAME`, `KFT_HOST_ID` (through topology), and
+/// `KFT_TIMEOUT`: every transport's default deadline (`group_options::timeout` wins over it).
 #pragma once
 
 #include <chrono>
@@ -51,7 +52,8 @@ struct group_options {
   shm::config shm;                                 ///< the node's shared-memory communicator
   cpu_group_config group{.flat_large = algo::ring};  ///< across nodes
   /// Every transport's default deadline (shared memory, MPI, Gloo); 0 = `shm.timeout` for
-  /// shared memory and each inter-node transport's own default.
+  /// shared memory and each inter-node transport's own, where `KFT_TIMEOUT` applies to a timeout
+  /// still at its default.
   std::chrono::milliseconds timeout{0};
 };
 

@@ -29,6 +29,7 @@
 #include <utility>
 
 #include <kft/core/environment.hpp>
+#include <kft/core/timeout.hpp>
 #include <kft/discovery/world_info.hpp>
 #include <kft/group/cpu_group.hpp>
 #include <kft/group/node.hpp>
@@ -66,14 +67,20 @@ inline gloo::interface_choice gloo_interface(const world_info& w, const environm
   return gloo::choose_interface(env.get("KFT_SOCKET_IFNAME"), store_host(w, env));
 }
 
-/// @brief `base` with the environment's settings: `KFT_ALGO`, `KFT_SHM_*`.
+/// @brief `base` with the environment's settings: `KFT_ALGO`, `KFT_SHM_*`, and `KFT_TIMEOUT`
+/// (the Gloo communicators' `timeout` and `report_grace`) where a timeout holds its default
+/// (`apply_timeout`).
 inline gloo_group_config gloo_group_config_from(const environment& env, gloo_group_config base = {}) {
   base.group.strategy = strategy_from(env);
   base.shm = shm_config(env, std::move(base.shm));
+  const derived_timeouts job = timeouts(env);
+  apply_timeout(base.gloo.timeout, job);
+  apply_timeout(base.gloo.report_grace, job, &derived_timeouts::report_grace);
   return base;
 }
 
-/// @brief Collective over the job's `w.world_size` ranks meeting in `store`.
+/// @brief Collective over the job's `w.world_size` ranks meeting in `store`. `KFT_TIMEOUT` in
+/// `env` applies to `settings` given too, where a timeout holds its default.
 /// @throws config_error for a bad setting or interface, timeout_error when a rank does not
 /// arrive, transport_error when Gloo cannot connect
 inline std::unique_ptr<gloo_cpu_group> gloo_group(std::shared_ptr<rendezvous::store> store, const world_info& w,
@@ -81,6 +88,10 @@ inline std::unique_ptr<gloo_cpu_group> gloo_group(std::shared_ptr<rendezvous::st
                                                   std::optional<gloo_group_config> settings = std::nullopt) {
   if (!store) throw usage_error("gloo_group needs the job's store", error_site::of("gloo group"));
   gloo_group_config cfg = settings ? std::move(*settings) : gloo_group_config_from(env);
+  const derived_timeouts job = timeouts(env);
+  apply_timeout(cfg.gloo.timeout, job);
+  apply_timeout(cfg.gloo.report_grace, job, &derived_timeouts::report_grace);
+  apply_timeout(cfg.shm.timeout, job);
   const auto nic = cfg.nic ? *cfg.nic : gloo_interface(w, env);
   // A scope per construction (every rank builds its groups in the same order).
   const auto round = store->add("gloo-group/calls/" + std::to_string(w.rank), 1);

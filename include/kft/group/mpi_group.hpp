@@ -25,6 +25,7 @@
 #include <string>
 
 #include <kft/core/environment.hpp>
+#include <kft/core/timeout.hpp>
 #include <kft/discovery/mpi.hpp>
 #include <kft/group/cpu_group.hpp>
 #include <kft/group/node.hpp>
@@ -46,16 +47,19 @@ struct mpi_group_config {
   std::optional<std::string> host;                   ///< this rank's host identity (default: topology::host_id())
 };
 
-/// @brief `base` with the environment's settings: `KFT_ALGO`, `KFT_MPI_CHECK=1`, `KFT_SHM_*`.
+/// @brief `base` with the environment's settings: `KFT_ALGO`, `KFT_MPI_CHECK=1`, `KFT_SHM_*`,
+/// and `KFT_TIMEOUT` where a timeout holds its default (`apply_timeout`).
 inline mpi_group_config mpi_group_config_from(const environment& env, mpi_group_config base = {}) {
   base.group.strategy = strategy_from(env);
   if (env.get("KFT_MPI_CHECK") == "1") base.mpi.check_signatures = true;
   base.shm = shm_config(env, std::move(base.shm));
+  apply_timeout(base.mpi.timeout, timeouts(env));
   return base;
 }
 
 /// @brief Collective over `comm`: the group of its ranks, by node. `env` gives the launcher's
-/// world (to refuse N singletons), `KFT_HOST_ID` and the settings above.
+/// world (to refuse N singletons), `KFT_HOST_ID` and the settings above (`KFT_TIMEOUT` also to
+/// `settings` given, where a timeout holds its default).
 /// @throws config_error when MPI did not form the launcher's job, or a setting is malformed
 inline std::unique_ptr<mpi_cpu_group> mpi_group(MPI_Comm comm = MPI_COMM_WORLD,
                                                 const environment& env = environment::process(),
@@ -63,7 +67,10 @@ inline std::unique_ptr<mpi_cpu_group> mpi_group(MPI_Comm comm = MPI_COMM_WORLD,
   // N processes that each initialised MPI alone (kftrun, or another MPI's launcher) would
   // otherwise run as N silent one-rank jobs.
   discovery::verify_mpi_world(env);
-  const mpi_group_config cfg = settings ? *settings : mpi_group_config_from(env);
+  mpi_group_config cfg = settings ? *settings : mpi_group_config_from(env);
+  const derived_timeouts job = timeouts(env);
+  apply_timeout(cfg.mpi.timeout, job);
+  apply_timeout(cfg.shm.timeout, job);
   cpu_group_parts<mpi::communicator> parts{.layout = topology::layout(0, {""}),
                                            .node_store = {},
                                            .intra = {},
@@ -76,7 +83,7 @@ inline std::unique_ptr<mpi_cpu_group> mpi_group(MPI_Comm comm = MPI_COMM_WORLD,
   // machine), then map one shared segment.
   {
     auto node = parts.flat.split(lay.node(), lay.local_rank(), node_label);
-    parts.node_store = rendezvous::mpi_bootstrap(node.native());
+    parts.node_store = rendezvous::mpi_bootstrap(node.native(), job.job);
   }
   shm::config sc = cfg.shm;
   if (sc.name == "kft") sc.name = "kft-node" + std::to_string(lay.node());

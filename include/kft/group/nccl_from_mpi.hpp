@@ -25,6 +25,8 @@
 #include <span>
 #include <utility>
 
+#include <kft/core/environment.hpp>
+#include <kft/core/timeout.hpp>
 #include <kft/transport/mpi/communicator.hpp>
 #include <kft/transport/nccl/communicator.hpp>
 
@@ -33,9 +35,15 @@ namespace nccl {
 
 /// @brief Collective over `comm`: rank 0 makes a NCCL unique id and MPI broadcasts it (within
 /// `cfg.timeout`); every rank then creates its NCCL communicator on CUDA `device`, with the
-/// same rank and size as in `comm`.
-/// @throws timeout_error when a rank does not arrive, transport_error when MPI, NCCL or CUDA fail
-inline communicator from_mpi(mpi::communicator& comm, int device, config cfg = {}) {
+/// same rank and size as in `comm`. `KFT_TIMEOUT` in `env` applies to `cfg.timeout` and
+/// `cfg.destroy_timeout` where they hold their defaults (`apply_timeout`).
+/// @throws timeout_error when a rank does not arrive, transport_error when MPI, NCCL or CUDA fail,
+/// config_error naming a malformed KFT_TIMEOUT
+inline communicator from_mpi(mpi::communicator& comm, int device, config cfg = {},
+                             const environment& env = environment::process()) {
+  const derived_timeouts job = timeouts(env);
+  apply_timeout(cfg.timeout, job);
+  apply_timeout(cfg.destroy_timeout, job, &derived_timeouts::teardown);
   std::uint8_t bytes[sizeof(ncclUniqueId)] = {};
   if (comm.rank() == 0) {
     const ncclUniqueId id = unique_id();
@@ -50,11 +58,15 @@ inline communicator from_mpi(mpi::communicator& comm, int device, config cfg = {
 }
 
 /// @brief As above over a plain `MPI_Comm` (duplicated for the broadcast, then freed).
-inline communicator from_mpi(MPI_Comm comm, int device, config cfg = {}) {
+inline communicator from_mpi(MPI_Comm comm, int device, config cfg = {},
+                             const environment& env = environment::process()) {
+  const derived_timeouts job = timeouts(env);
+  apply_timeout(cfg.timeout, job);
+  apply_timeout(cfg.destroy_timeout, job, &derived_timeouts::teardown);
   mpi::config mc;
   mc.timeout = cfg.timeout;
   mpi::communicator c(comm, mc);
-  return from_mpi(c, device, std::move(cfg));
+  return from_mpi(c, device, std::move(cfg), env);
 }
 
 }  // namespace nccl

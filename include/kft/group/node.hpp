@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file kft/group/node.hpp
 /// @brief The communicator of this process's node, built from what discovery found, with the
-/// environment's shared-memory settings applied (the transport itself reads no environment).
+/// environment's shared-memory settings and the job's timeout applied (the transport itself
+/// reads no environment).
 ///
 ///     auto me = kft::discover();
 ///     auto store = kft::rendezvous::connect_store(me);
@@ -21,6 +22,7 @@
 
 #include <kft/core/environment.hpp>
 #include <kft/core/parse.hpp>
+#include <kft/core/timeout.hpp>
 #include <kft/discovery/world_info.hpp>
 #include <kft/rendezvous/store.hpp>
 #include <kft/transport/shm/communicator.hpp>
@@ -34,8 +36,9 @@ namespace group {
 /// (like NCCL_BUFFSIZE: buffers resized without recompiling; all ranks must see the same values,
 /// which the segment header checks), `KFT_SHM_HUGE_PAGES` (`auto`, `1`, `0`: config::huge_pages),
 /// `KFT_SHM_REGION_ALIGN` (bytes, 0 for the default: config::region_align_bytes),
-/// and `KFT_PROGRESS_AFFINITY` (`auto`: the progress thread
-/// bound to the local rank's CPU, the default; `none`: left to the scheduler).
+/// `KFT_PROGRESS_AFFINITY` (`auto`: the progress thread
+/// bound to the local rank's CPU, the default; `none`: left to the scheduler), and `KFT_TIMEOUT`
+/// to `timeout` where base holds the default (`apply_timeout`: a timeout the program set stays).
 /// @throws config_error naming a malformed or out-of-range variable, an unreadable tuning file,
 /// or the line of the file at fault
 inline shm::config shm_config(const environment& env, shm::config base = {}) {
@@ -82,13 +85,14 @@ inline shm::config shm_config(const environment& env, shm::config base = {}) {
                          error_site::of(std::string(ctx)));
     base.bind_progress_thread = *v == "auto";
   }
+  apply_timeout(base.timeout, timeouts(env));
   return base;
 }
 
 /// @brief The communicator of this process's node: ranks on the same host (by the discovered
 /// local view), meeting under "node/<hostname>/<node>/" in the job's store. The segment is
 /// named after the job's run id (`KFT_RUN_ID` / `TORCHELASTIC_RUN_ID`) plus random bytes, and
-/// `KFT_SHM_*` apply (`shm_config`).
+/// `KFT_SHM_*` and `KFT_TIMEOUT` apply (`shm_config`).
 /// @throws usage_error when the launcher did not say which ranks share this node
 inline shm::communicator node_communicator(std::shared_ptr<rendezvous::store> store, const world_info& w,
                                            shm::config cfg = {}, const environment& env = environment::process()) {

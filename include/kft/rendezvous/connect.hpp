@@ -29,7 +29,7 @@ namespace rendezvous {
 struct store_handle {
   std::shared_ptr<store> client;
   std::unique_ptr<tcp_store_server> server;  ///< set only where this process hosts the store
-  std::chrono::milliseconds drain_timeout = job_timeout();
+  std::chrono::milliseconds drain_timeout = default_job_timeout;  ///< `connect_store` sets the job's (KFT_TIMEOUT)
   std::string token_file;  ///< the single-host token handover file this process wrote, if any
 
   store_handle() = default;
@@ -81,11 +81,18 @@ inline std::string store_kind(const environment& env) {
 ///   needs no address or token.)
 /// - A single process with no launcher (world size 1, no rendezvous address): an in-process
 ///   `memory_store`; nothing to meet.
-/// @throws config_error naming what is missing
+///
+/// The job's timeout (`KFT_TIMEOUT` in `env`, else 5 minutes) applies: reaching the store within
+/// `timeout` (0: the job's), each request that is not a wait (`tcp_store::options::io_timeout`)
+/// and, where this rank hosts the store, `store_handle::drain_timeout`.
+/// @throws config_error naming what is missing or malformed
 inline store_handle connect_store(const world_info& w, const environment& env = environment::process(),
-                                  std::chrono::milliseconds timeout = job_timeout()) {
+                                  std::chrono::milliseconds timeout = {}) {
   constexpr std::string_view ctx = "rendezvous store";
+  const derived_timeouts job = timeouts(env);
+  if (timeout.count() <= 0) timeout = job.job;
   store_handle h;
+  h.drain_timeout = job.job;
   if (!env.has("KFT_STORE_ADDR") && env.get("TORCHELASTIC_USE_AGENT_STORE") == "True") {
     if (!w.master_addr || !w.master_port)
       throw config_error("TORCHELASTIC_USE_AGENT_STORE", "True",
@@ -96,6 +103,7 @@ inline store_handle connect_store(const world_info& w, const environment& env = 
     o.host = *w.master_addr;
     o.port = *w.master_port;
     o.connect_timeout = timeout;
+    o.io_timeout = job.store_request;
     h.client = std::make_shared<prefix_store>(std::make_shared<torch_tcp_store>(std::move(o)),
                                               "/worker/attempt_" + std::to_string(attempt) + "/kft/");
     return h;
@@ -152,6 +160,7 @@ inline store_handle connect_store(const world_info& w, const environment& env = 
   o.port = port;
   o.token = token;
   o.connect_timeout = timeout;
+  o.io_timeout = job.store_request;
   o.name = "rank " + std::to_string(w.rank);
   h.client = std::make_shared<tcp_store>(std::move(o));
   // kftrun scopes each restart round's keys, so a restarted job never sees stale values.

@@ -29,8 +29,10 @@ KFT_NAMESPACE_BEGIN
 namespace rendezvous {
 
 /// @brief Collective over `comm`: returns every rank's connection to one store (hosted by rank 0).
+/// `timeout` is the job's (`kft::init` and the MPI group pass `KFT_TIMEOUT`'s): reaching the
+/// store, and what derives from it (a request that is not a wait, the host's drain at exit).
 /// @throws transport_error when an MPI call fails (the same on every rank)
-inline store_handle mpi_bootstrap(MPI_Comm comm, std::chrono::milliseconds timeout = job_timeout(),
+inline store_handle mpi_bootstrap(MPI_Comm comm, std::chrono::milliseconds timeout = default_job_timeout,
                                   const std::string& advertise = {}) {
   auto check = [](int rc, const char* call) { mpi_check(rc, call, error_site::of("store bootstrap")); };
   int rank = 0, size = 1, local_size = 1;
@@ -43,7 +45,9 @@ inline store_handle mpi_bootstrap(MPI_Comm comm, std::chrono::milliseconds timeo
   int all_local = local_size == size ? 1 : 0;
   check(MPI_Allreduce(MPI_IN_PLACE, &all_local, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
 
+  const derived_timeouts job = derived_timeouts::from(timeout);
   store_handle h;
+  h.drain_timeout = job.job;
   std::string card;  // "host port token"
   if (rank == 0) {
     std::string host = "127.0.0.1";
@@ -66,7 +70,8 @@ inline store_handle mpi_bootstrap(MPI_Comm comm, std::chrono::milliseconds timeo
   std::istringstream in(card);
   tcp_store::options o;
   in >> o.host >> o.port >> o.token;
-  o.connect_timeout = timeout;
+  o.connect_timeout = job.job;
+  o.io_timeout = job.store_request;
   o.name = "rank " + std::to_string(rank);
   h.client = std::make_shared<tcp_store>(std::move(o));
   return h;

@@ -43,8 +43,8 @@ class tcp_store final : public store {
     std::string host;
     int port = 0;
     std::string token;
-    std::chrono::milliseconds connect_timeout = job_timeout();  ///< retry until then (KFT_TIMEOUT)
-    std::chrono::milliseconds io_timeout = timeouts().store_request;  ///< a non-waiting request
+    std::chrono::milliseconds connect_timeout = default_job_timeout;  ///< retry until then (`connect_store` applies KFT_TIMEOUT)
+    std::chrono::milliseconds io_timeout = default_timeouts.store_request;  ///< a non-waiting request
     std::string name;  ///< shown in the server's log when refused, e.g. "node 1 agent"
     /// Checked while connecting (every 250 ms at most): true gives up (usage_error), e.g. when
     /// the launcher got SIGTERM.

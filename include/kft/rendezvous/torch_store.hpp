@@ -97,8 +97,8 @@ class torch_tcp_store final : public store {
   struct options {
     std::string host;
     int port = 0;
-    std::chrono::milliseconds connect_timeout = job_timeout();  ///< retry until then (KFT_TIMEOUT)
-    std::chrono::milliseconds io_timeout = timeouts().store_request;  ///< a non-waiting request
+    std::chrono::milliseconds connect_timeout = default_job_timeout;  ///< retry until then (`connect_store` applies KFT_TIMEOUT)
+    std::chrono::milliseconds io_timeout = default_timeouts.store_request;  ///< a non-waiting request
     std::string role = "torchrun's agent store";  ///< shown in describe()
   };
 

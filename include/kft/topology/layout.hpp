@@ -124,9 +124,10 @@ class layout {
 
 /// @brief Collective over the job: every rank publishes its host identity in `store` and reads
 /// everyone's. Keys go under "topology/<n>/" (n counts exchanges, so a job may call it again).
+/// `timeout` is the job's (the process groups pass their transport's: `KFT_TIMEOUT` applied).
 /// @throws timeout_error naming the ranks that did not publish within `timeout`
 inline layout exchange(rendezvous::store& store, int rank, int size, std::string host = host_id(),
-                       std::chrono::milliseconds timeout = job_timeout()) {
+                       std::chrono::milliseconds timeout = default_job_timeout) {
   if (size < 1 || rank < 0 || rank >= size)
     throw usage_error("topology exchange: rank " + std::to_string(rank) + " of " + std::to_string(size) +
                           " is not a valid place",

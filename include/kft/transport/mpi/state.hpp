@@ -40,9 +40,9 @@ namespace mpi {
 using namespace std::chrono_literals;
 
 /// @brief Settings of one communicator (the transport reads no environment variable; the
-/// process groups apply `KFT_MPI_CHECK`).
+/// process groups apply `KFT_MPI_CHECK` and `KFT_TIMEOUT`).
 struct config {
-  std::chrono::milliseconds timeout = job_timeout();  ///< default deadline of every collective (KFT_TIMEOUT)
+  std::chrono::milliseconds timeout = default_job_timeout;  ///< default deadline of every collective (the groups apply KFT_TIMEOUT)
   /// Compare every call's signature (collective, dtype, op, count, root, sequence number) across
   /// ranks with one extra small MPI_Allreduce. Off by default (it doubles small-message latency).
   bool check_signatures = false;
@@ -128,7 +128,7 @@ struct state {
       throw usage_error(std::to_string(count) + " elements exceed MPI's int count; split the call", site(op, seq));
     return static_cast<int>(count);
   }
-  std::chrono::milliseconds timeout_of(const options& o) const { return o.timeout.count() > 0 ? o.timeout : cfg.timeout; }
+  std::chrono::milliseconds timeout_of(const options& o) const { return timeout_or(o, cfg.timeout); }
 
   // Numbers nothing (the caller did); checks the state and, when asked, compares signatures.
   pending begin(collective c, const options& o, std::size_t count, dtype t, op_kind k, int root, std::uint64_t seq) {

@@ -29,6 +29,7 @@
 #include <utility>
 
 #include <kft/async/engine.hpp>
+#include <kft/core/options.hpp>
 #include <kft/transport/concepts.hpp>
 #include <kft/transport/shm/allgather.hpp>
 #include <kft/transport/shm/allreduce.hpp>
@@ -227,7 +228,7 @@ class communicator : public typed_collectives<communicator> {
   template <class F>
   async::work submit(collective c, const options& o, F&& f) {
     const std::uint64_t seq = ++issued_;
-    const auto timeout = (o.timeout.count() > 0 ? o.timeout : s_->cfg.timeout) + s_->outside_most;
+    const auto timeout = timeout_or(o, s_->cfg.timeout) + s_->outside_most;
     return engine_->submit({c, seq, timeout, {}}, [s = s_.get(), seq, f = std::forward<F>(f)] {
       s->seq = seq;
       f(*s);

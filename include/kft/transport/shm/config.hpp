@@ -54,7 +54,7 @@ struct config {
   /// 16-32 KiB +18-33%, not at 8 KiB; docs/algorithms.md). Tuning file / `KFT_SHM_COPY_STREAMING_BYTES`; a size above
   /// every message turns it off.
   std::size_t copy_streaming_bytes = 16u << 10;
-  std::chrono::milliseconds timeout = job_timeout();  ///< default deadline of every wait (KFT_TIMEOUT)
+  std::chrono::milliseconds timeout = default_job_timeout;  ///< default deadline of every wait (the groups apply KFT_TIMEOUT)
   std::string name = "kft";                  ///< goes into the segment's name (e.g. the run id)
   group_identity identity{};                 ///< where this node's group sits in the job (messages)
   /// What algo::automatic runs, by size (tuning.hpp), first matching row first; a machine measured

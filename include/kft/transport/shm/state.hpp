@@ -497,7 +497,7 @@ struct state {
     k.sig.type = static_cast<std::uint8_t>(t);
     k.sig.op = static_cast<std::uint8_t>(op);
     k.sig.algorithm = static_cast<std::uint8_t>(a);
-    k.timeout = o.timeout.count() > 0 ? o.timeout : cfg.timeout;
+    k.timeout = timeout_or(o, cfg.timeout);
     // The deadline is set by the first wait of the call that does not complete at once
     // (reading the clock costs as much as a fast one-shot call's synchronisation).
     auto& b = box(me, k.sig.seq);
