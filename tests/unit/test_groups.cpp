@@ -155,7 +155,7 @@ BOOST_AUTO_TEST_CASE(the_group_makers_apply_the_job_timeout) {
 #endif
 }
 
-// KFT_SHM_TUNING: a machine's measured sizes and crossovers (bench/tune_shm.py) reach every
+// KFT_SHM_TUNING: a machine's measured sizes and crossovers (bench/scripts/tune_shm.py) reach every
 // communicator the groups build; its rows go before kft's defaults; KFT_SHM_* still win.
 namespace {
 std::string write_temp(const std::string& text) {

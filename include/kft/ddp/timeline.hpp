@@ -10,7 +10,7 @@
 ///     // on destruction: dir/timeline-rank<r>.json (written atomically)
 ///
 /// Recording is a push into a preallocated vector (no I/O while training); an off timeline
-/// costs one branch. `bench/plot_timeline.py` turns the traces of all ranks into a Gantt chart.
+/// costs one branch. `bench/ddp/plot_timeline.py` turns the traces of all ranks into a Gantt chart.
 #pragma once
 
 #include <fcntl.h>

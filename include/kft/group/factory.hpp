@@ -20,9 +20,11 @@
 /// `KFT_INTER_NODE=mpi|gloo` overrides the choice between MPI and Gloo (`auto`, the default:
 /// MPI when it is initialised, else Gloo). The group's `description()` says which it is.
 ///
-/// Environment read here: `KFT_SHM_TUNING` (a file from bench/tune_shm.py), `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES`,
-/// `KFT_SHM_STREAMING_BYTES`, `KFT_SHM_HUGE_PAGES`, `KFT_SHM_REGION_ALIGN`, `KFT_PROGRESS_AFFINITY`, `KFT_RUN_ID`/`TORCHELASTIC_RUN_ID` (segment names), `KFT_ALGO`,
-/// `KFT_MPI_CHECK`, `KFT_INTER_NODE`, `KFT_SOCKET_IFNAME`, `KFT_HOST_ID` (through topology), and
+/// Environment read here: `KFT_SHM_TUNING` (a file from bench/scripts/tune_shm.py),
+/// `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES`, `KFT_SHM_STREAMING_BYTES`, `KFT_SHM_HUGE_PAGES`,
+/// `KFT_SHM_REGION_ALIGN`, `KFT_PROGRESS_AFFINITY`, `KFT_RUN_ID`/`TORCHELASTIC_RUN_ID` (segment
+/// names), `KFT_ALGO`, `KFT_MPI_CHECK`, `KFT_INTER_NODE`, `KFT_SOCKET_IFNAME`, `KFT_HOST_ID`
+/// (through topology), and
 /// `KFT_TIMEOUT`: every transport's default deadline (`group_options::timeout` wins over it).
 #pragma once
 

@@ -31,7 +31,7 @@ KFT_NAMESPACE_BEGIN
 namespace group {
 
 /// @brief `base` with `KFT_SHM_TUNING` (a file of this machine's measured sizes and crossovers,
-/// written by `bench/tune_shm.py`: `shm::parse_tuning`; its crossover rows go before base's),
+/// written by `bench/scripts/tune_shm.py`: `shm::parse_tuning`; its crossover rows go before base's),
 /// then `KFT_SHM_STAGING_BYTES`, `KFT_SHM_SMALL_BYTES` and `KFT_SHM_STREAMING_BYTES` applied
 /// (like NCCL_BUFFSIZE: buffers resized without recompiling; all ranks must see the same values,
 /// which the segment header checks), `KFT_SHM_HUGE_PAGES` (`auto`, `1`, `0`: config::huge_pages),
@@ -45,7 +45,7 @@ inline shm::config shm_config(const environment& env, shm::config base = {}) {
   constexpr std::string_view ctx = "shm communicator";
   if (auto path = env.get("KFT_SHM_TUNING"); path && !path->empty()) {
     auto unreadable = [&](const std::string& why) {
-      return config_error("KFT_SHM_TUNING", *path, "cannot be read: " + why + " (bench/tune_shm.py writes one)",
+      return config_error("KFT_SHM_TUNING", *path, "cannot be read: " + why + " (bench/scripts/tune_shm.py writes one)",
                           error_site::of("shm tuning"));
     };
     std::error_code ec;

@@ -29,7 +29,7 @@ using namespace std::chrono_literals;
 /// Measured (docs/performance.md): on an AMD EPYC Zen 5 (1 MiB L2) 1 MiB chunks beat 256 KiB by
 /// 10-20% from 16 MiB (a quarter of the synchronisations); 256 KiB was tuned on a machine with a
 /// smaller L2. Every rank of a node computes the same value (the segment header checks it);
-/// `bench/tune_shm.py` measures a machine and `KFT_SHM_TUNING` overrides it.
+/// `bench/scripts/tune_shm.py` measures a machine and `KFT_SHM_TUNING` overrides it.
 inline std::size_t default_staging_bytes() {
   static const std::size_t bytes = [] {
     constexpr std::size_t lo = 256u << 10, hi = 1u << 20;
@@ -58,7 +58,7 @@ struct config {
   std::string name = "kft";                  ///< goes into the segment's name (e.g. the run id)
   group_identity identity{};                 ///< where this node's group sits in the job (messages)
   /// What algo::automatic runs, by size (tuning.hpp), first matching row first; a machine measured
-  /// differently brings its own rows (`KFT_SHM_TUNING`, written by `bench/tune_shm.py`; `keep_table`).
+  /// differently brings its own rows (`KFT_SHM_TUNING`, written by `bench/scripts/tune_shm.py`; `keep_table`).
   std::span<const crossover> crossovers = default_crossovers;
   /// Bind the progress thread (asynchronous calls) to this local rank's share of the CPUs
   /// (`async::placement`); the process groups set it from `KFT_PROGRESS_AFFINITY` (auto | none).

@@ -6,11 +6,11 @@
 /// One-shot (every rank reads every input from the mailboxes: one synchronisation, p-fold
 /// reads) wins below a crossover, two-shot (reduce-scatter + allgather through staging chunks:
 /// more steps, each rank reads 1/p) above it. The default rows are medians of
-/// bench/campaign.py on 2-core VMs (docs/performance.md): 2 ranks cross between 8 and 16 KiB;
+/// bench/scripts/campaign.py on 2-core VMs (docs/performance.md): 2 ranks cross between 8 and 16 KiB;
 /// more ranks than cores (every synchronisation may cost a yield to a peer) between 32 and
 /// 64 KiB; broadcast and allgather (no reduction pass) later; a zero-copy allreduce input
 /// (no copy-in for two-shot, still one for one-shot) from 2 KiB. A machine that measures
-/// differently gets its own rows (`config::crossovers`), not a new branch: `bench/tune_shm.py`
+/// differently gets its own rows (`config::crossovers`), not a new branch: `bench/scripts/tune_shm.py`
 /// measures a machine and writes a tuning file (`parse_tuning`), which `KFT_SHM_TUNING=FILE`
 /// applies to every communicator the process groups build (`group::shm_config`).
 #pragma once
