@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <kft/core/environment.hpp>
+#include <kft/core/timeout.hpp>
 #include <kft/discovery/mpi.hpp>
 #include <kft/group/mpi_group.hpp>
 #include <kft/group/node.hpp>
@@ -203,8 +205,9 @@ const kft::shm::config* shm_settings(const backend& b) {
 std::unique_ptr<backend> make_backend(const settings& s, const std::string& which,
                                              std::shared_ptr<kft::rendezvous::store> store, launch how, int rank,
                                              int nranks, int local_rank, std::size_t buffer) {
+  // --timeout, else the job's (KFT_TIMEOUT, as the process groups apply it to what they make).
   const auto timeout = s.timeout_s > 0 ? std::chrono::milliseconds(std::chrono::seconds(s.timeout_s))
-                                       : std::chrono::milliseconds(0);
+                                       : kft::job_timeout(kft::environment::process());
   if (which == "shm") {
     // The environment's KFT_SHM_* (and KFT_SHM_TUNING's file) apply, as in the process groups;
     // --staging-bytes / --small-bytes / --copy-streaming-bytes win over them.
@@ -213,7 +216,7 @@ std::unique_ptr<backend> make_backend(const settings& s, const std::string& whic
     if (s.staging_bytes) cfg.staging_bytes = s.staging_bytes;
     if (s.small_bytes) cfg.small_bytes = s.small_bytes;
     if (s.copy_streaming_bytes >= 0) cfg.copy_streaming_bytes = static_cast<std::size_t>(s.copy_streaming_bytes);
-    if (timeout.count() > 0) cfg.timeout = timeout;
+    cfg.timeout = timeout;
     if (s.zero_copy) cfg.pool_bytes = 2 * ((buffer + 4095) / 4096 * 4096) + 4096 + s.pool_extra;
     return std::make_unique<shm_backend>(std::make_unique<kft::shm::communicator>(std::move(store), rank, nranks, cfg));
   }
@@ -225,7 +228,7 @@ std::unique_ptr<backend> make_backend(const settings& s, const std::string& whic
     kft::detail::cuda_check(cudaSetDevice(device), "cudaSetDevice", kft::error_site::of("bench"));
     kft::nccl::config cfg;
     cfg.name = "bench";
-    if (timeout.count() > 0) cfg.timeout = timeout;
+    cfg.timeout = timeout;
     return std::make_unique<nccl_backend>(std::make_unique<kft::nccl::communicator>(*store, rank, nranks, device, cfg));
 #else
     (void)local_rank;
@@ -236,7 +239,7 @@ std::unique_ptr<backend> make_backend(const settings& s, const std::string& whic
     throw std::invalid_argument("--backend " + which + " needs an MPI job (mpirun, srun --mpi=pmix)");
   if (which == "mpi") {
     kft::mpi::config cfg;
-    if (timeout.count() > 0) cfg.timeout = timeout;
+    cfg.timeout = timeout;
     return std::make_unique<mpi_backend>(std::make_unique<kft::mpi::communicator>(MPI_COMM_WORLD, cfg));
   }
   return std::make_unique<group_backend>(kft::group::mpi_group());
