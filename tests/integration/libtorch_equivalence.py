@@ -147,7 +147,7 @@ def main():
         run(["/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
              "--master_addr", "127.0.0.1", "--master_port", str(port), "--monitor_interval", "0.2",
              "--redirects", "9:0", "--tee", "9:0",  # (torch 1.13 under Python 3.11 needs both set)
-             os.path.join(repo, "bench", "fashion_mnist_torch.py"), "--no-shuffle", "--threads", "1",
+             os.path.join(repo, "bench", "workloads", "fashion_mnist_torch.py"), "--no-shuffle", "--threads", "1",
              "--init-out", init, "--final-out", ref] + common, env, "PyTorch DDP (torchrun, gloo)", done_file=ref)
         run([a.kftrun, "--nproc-per-node", "2", "--", a.example, "--loop", a.loop, "--no-shuffle", "--threads", "1",
              "--quiet", "--init-params", init, "--save-params", ours] + common, env, f"kft (example 07, --loop {a.loop})")
