@@ -37,10 +37,12 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include <kft/core/hash.hpp>
 #include <kft/ddp/reducer.hpp>
 #if KFT_WITH_GLOO
 #include <kft/group/gloo_group.hpp>
@@ -64,10 +66,8 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
-std::uint64_t fnv(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
+std::uint64_t fnv(const void* p, std::size_t n, std::uint64_t h = kft::detail::fnv1a_basis) {
+  return kft::detail::fnv1a(std::string_view(static_cast<const char*>(p), n), h);
 }
 
 // Runs the variants `reps` times in a rotating order; each variant's function returns its
@@ -319,7 +319,7 @@ int compute(job& j, int layers, int width, int batch, int reps, int blas_threads
   // every rank holds the same bits.
   timed(fast, true);
   timed(fixed, true);
-  std::uint64_t hf = 1469598103934665603ull, hd = hf;
+  std::uint64_t hf = kft::detail::fnv1a_basis, hd = hf;
   for (std::size_t l = 0; l < L; ++l) {
     auto a = fast.gradient<float>(l);
     auto b = fixed.gradient<float>(l);

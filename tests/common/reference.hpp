@@ -13,8 +13,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include <kft/core/dtype.hpp>
+#include <kft/core/hash.hpp>
 #include <kft/core/ops.hpp>
 
 namespace kft_test {
@@ -95,10 +97,7 @@ inline bool close_enough(double got, double want, kft::dtype t, kft::op_kind op,
 
 // FNV-1a over bytes: the ranks compare their outputs' hashes to check bit-identical results.
 inline std::uint64_t bits_hash(const void* data, std::size_t bytes) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+  return kft::detail::fnv1a(std::string_view(static_cast<const char*>(data), bytes));
 }
 
 }  // namespace kft_test

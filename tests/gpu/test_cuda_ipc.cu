@@ -41,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include <kft/core/hash.hpp>
 #include <kft/collectives/allreduce_hierarchical.hpp>
 #include <kft/ddp/cuda.hpp>
 #include <kft/rendezvous/file_store.hpp>
@@ -98,7 +99,7 @@ int my_device() {
   return dev;
 }
 
-std::uint64_t g_hash = 1469598103934665603ull;
+std::uint64_t g_hash = kft::detail::fnv1a_basis;
 void fold(const std::vector<unsigned char>& v) { g_hash = g_hash * 31 + kft_test::bits_hash(v.data(), v.size()); }
 
 long check_allreduce(ipc::communicator& c, kft::dtype t, kft::op_kind op, std::size_t n, kft::algo a, bool in_place) {
@@ -269,7 +270,7 @@ void hierarchical(kft::rendezvous::store& store) {
   kft::hierarchical_allreduce<ipc::communicator, ipc::communicator> ar(intra, inter, hc);
   const auto t0 = std::chrono::steady_clock::now();
   long wrong = 0, calls = 0;
-  std::uint64_t hash = 1469598103934665603ull;
+  std::uint64_t hash = kft::detail::fnv1a_basis;
   for (auto t : {kft::dtype::f32, kft::dtype::bf16, kft::dtype::i32})
     for (auto op : {kft::op_kind::sum, kft::op_kind::max})
       for (std::size_t n : {std::size_t{3}, std::size_t{1000}, std::size_t{65536 + 3}, (std::size_t{1} << 18) + 5}) {
@@ -333,7 +334,7 @@ void reducer(kft::rendezvous::store& store, const char* what, kft::ddp::reducer_
   opts.stream = compute;
   long wrong = 0;
   bool on_device = true;
-  std::uint64_t hash = 1469598103934665603ull;
+  std::uint64_t hash = kft::detail::fnv1a_basis;
   double ms = 0;
   {
     ddp::reducer<ipc::communicator> red(c, params, opts);

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include <kft/core/hash.hpp>
 #include <kft/transport/nccl/communicator.hpp>
 #include <kft/ddp/cuda.hpp>
 #include <kft/rendezvous/memory_store.hpp>
@@ -114,7 +115,7 @@ std::vector<outcome> run(int p, ddp::reducer_options base) {
         o.cap = red.limits().bucket_bytes_cap;
         const auto params = model();
         std::vector<std::vector<unsigned char>> host(params.size());
-        std::uint64_t h = 1469598103934665603ull;
+        std::uint64_t h = kft::detail::fnv1a_basis;
         double total = 0;
         for (int s = 1; s <= 4; ++s) {
           for (std::size_t i = 0; i < params.size(); ++i) host[i] = host_gradient(params[i], r, i, s);
@@ -144,7 +145,7 @@ std::vector<outcome> run(int p, ddp::reducer_options base) {
               for (int q = 0; q < p; ++q) sum += value(q, i, j, s);
               if (read(params[i], back.data(), j) != average(params[i].type, sum, p)) ++o.wrong;
             }
-            for (unsigned char b : back) h = (h ^ b) * 1099511628211ull;
+            for (unsigned char b : back) h = (h ^ b) * kft::detail::fnv1a_prime;
           }
         }
         o.hash = h;

@@ -19,9 +19,11 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <kft/ddp/reducer.hpp>
+#include <kft/core/hash.hpp>
 #include <kft/init.hpp>
 #include <kft/kft.hpp>
 
@@ -91,11 +93,11 @@ double average(kft::dtype t, double sum, int p) {
   }
 }
 
-std::uint64_t hash_gradients(ddp::reducer<>& red, std::uint64_t h = 1469598103934665603ull) {
-  for (std::size_t i = 0; i < red.parameters(); ++i) {
-    const auto* b = static_cast<const unsigned char*>(red.gradient_data(i));
-    for (std::size_t k = 0; k < red.param(i).count * kft::size_of(red.param(i).type); ++k) h = (h ^ b[k]) * 1099511628211ull;
-  }
+std::uint64_t hash_gradients(ddp::reducer<>& red, std::uint64_t h = kft::detail::fnv1a_basis) {
+  for (std::size_t i = 0; i < red.parameters(); ++i)
+    h = kft::detail::fnv1a(std::string_view(static_cast<const char*>(red.gradient_data(i)),
+                                            red.param(i).count * kft::size_of(red.param(i).type)),
+                           h);
   return h;
 }
 
@@ -116,7 +118,7 @@ void step(ddp::reducer<>& red, int me, int s, bool exact, std::uint64_t seed) {
 int equivalence(kft::group::process_group& pg) {
   const int me = pg.rank(), p = pg.size();
   std::size_t wrong = 0;
-  std::uint64_t layout_hash = 1469598103934665603ull;
+  std::uint64_t layout_hash = kft::detail::fnv1a_basis;
   {
     ddp::reducer red(pg, model(), {.limits = {.first_bucket_bytes = 16u << 10, .bucket_bytes_cap = 1u << 20}});
     for (int s = 1; s <= 4; ++s) {
@@ -140,7 +142,7 @@ int equivalence(kft::group::process_group& pg) {
   for (std::size_t cap : {64u << 10, 1u << 20, 25u << 20}) {
     ddp::reducer red(pg, model(), {.limits = {.first_bucket_bytes = std::min<std::size_t>(cap, 1u << 20), .bucket_bytes_cap = cap},
                                    .deterministic = true});
-    std::uint64_t h = 1469598103934665603ull;
+    std::uint64_t h = kft::detail::fnv1a_basis;
     for (int s = 1; s <= 2; ++s) {
       step(red, me, s, false, static_cast<std::uint64_t>(me) * 7919 + cap + static_cast<std::uint64_t>(s));
       h = hash_gradients(red, h);

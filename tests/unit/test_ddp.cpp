@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include <kft/core/hash.hpp>
 #include <kft/ddp/reducer.hpp>
 #include <kft/group/process_group.hpp>
 #include <kft/rendezvous/memory_store.hpp>
@@ -70,7 +71,7 @@ std::size_t step(Reducer& red, kft::group::process_group& g, std::uint64_t s, st
   }
   red.finish();
   std::size_t wrong = 0;
-  std::uint64_t h = 1469598103934665603ull;
+  std::uint64_t h = kft::detail::fnv1a_basis;
   for (std::size_t i = 0; i < n; ++i) {
     const auto& p = red.param(i);
     const void* data = red.gradient_data(i);

@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <kft/core/hash.hpp>
 #include <kft/rendezvous/memory_store.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
@@ -200,7 +201,7 @@ BOOST_AUTO_TEST_CASE(direct_allreduce_with_claimed_blocks) {
                 comm.allreduce(a.subspan(0, n), kft::ops::sum);
               else
                 comm.allreduce(std::span<const float>(a.subspan(0, n)), out, kft::ops::sum);
-              std::uint64_t h = 1469598103934665603ull;
+              std::uint64_t h = kft::detail::fnv1a_basis;
               for (std::size_t i = 0; i < n; ++i) {
                 if (out[i] != total * static_cast<float>(i % 11))
                   throw std::runtime_error("claimed-block allreduce wrong at " + std::to_string(i) + " of " +
@@ -208,7 +209,7 @@ BOOST_AUTO_TEST_CASE(direct_allreduce_with_claimed_blocks) {
                                            ", call " + std::to_string(iter));
                 std::uint32_t bits;
                 std::memcpy(&bits, &out[i], 4);
-                h = (h ^ bits) * 1099511628211ull;
+                h = kft::detail::fnv1a_u64(bits, h);
               }
               std::vector<std::int64_t> mine{static_cast<std::int64_t>(h)};
               comm.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(sums));
