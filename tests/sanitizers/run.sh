@@ -6,8 +6,8 @@
 #   tests/sanitizers/run.sh tsan [BUILD_DIR] [PHASE]   ThreadSanitizer
 #
 # PHASE is `all` (the default: build, then test), `build` or `test`: tests/run-all.sh builds
-# the subsets at the lowest CPU priority while the main suite runs (most of its tests wait on
-# processes and sockets, leaving CPU idle), then tests them.
+# the subsets under SCHED_IDLE while the main suite runs (most of its tests wait on processes
+# and sockets, leaving CPU idle), then tests them.
 #
 # By default each runs the subset CI runs (the store, the shm transport across threads and
 # processes, the process groups and progress engine, the DDP reducer, kftrun, parsing); with
