@@ -37,6 +37,7 @@
 #include <kft/rendezvous/file_store.hpp>
 #include <kft/transport/cuda_ipc/communicator.cuh>
 
+#include "device_memory.hpp"
 #include "registry.hpp"
 
 extern char** environ;
@@ -48,31 +49,7 @@ namespace {
 
 // ---- a rank -------------------------------------------------------------------------------------
 
-// Device buffers for run_case, freed when the case ends.
-struct device_memory {
-  std::vector<void*> blocks;
-  device_memory() = default;
-  device_memory(const device_memory&) = delete;
-  device_memory(device_memory&& o) noexcept : blocks(std::move(o.blocks)) {}
-  ~device_memory() {
-    for (void* b : blocks) cudaFree(b);
-  }
-  void* alloc(std::size_t bytes) {
-    void* p = nullptr;
-    if (cudaMalloc(&p, bytes > 0 ? bytes : 1) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
-    blocks.push_back(p);
-    return p;
-  }
-  void upload(void* dst, const void* src, std::size_t bytes) {
-    if (bytes && cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) throw std::runtime_error("cudaMemcpy H2D");
-    // A pageable upload may still be in flight when cudaMemcpy returns, and the communicator's
-    // non-blocking stream does not wait for the legacy stream.
-    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("cudaDeviceSynchronize after H2D");
-  }
-  void download(void* dst, const void* src, std::size_t bytes) {
-    if (bytes && cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) throw std::runtime_error("cudaMemcpy D2H");
-  }
-};
+using conf::device_memory;
 
 std::string one_line(std::string s) {
   for (char& c : s)

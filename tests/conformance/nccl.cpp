@@ -14,6 +14,7 @@
 #include <kft/rendezvous/memory_store.hpp>
 #include <kft/transport/nccl/communicator.hpp>
 
+#include "device_memory.hpp"
 #include "registry.hpp"
 
 using namespace std::chrono_literals;
@@ -21,32 +22,7 @@ namespace conf = kft_test::conformance;
 
 namespace {
 
-// Device buffers for run_case: allocated per case, freed when the case ends.
-struct device_memory {
-  std::vector<void*> blocks;
-  device_memory() = default;
-  device_memory(const device_memory&) = delete;
-  device_memory(device_memory&& o) noexcept : blocks(std::move(o.blocks)) {}
-  ~device_memory() {
-    for (void* b : blocks) cudaFree(b);
-  }
-  void* alloc(std::size_t bytes) {
-    void* p = nullptr;
-    if (cudaMalloc(&p, std::max<std::size_t>(bytes, 1)) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
-    blocks.push_back(p);
-    return p;
-  }
-  void upload(void* dst, const void* src, std::size_t bytes) {
-    if (bytes && cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) throw std::runtime_error("cudaMemcpy H2D");
-    // A pageable upload may still be in flight when cudaMemcpy returns, and the communicator's
-    // stream (non-blocking) does not wait for the legacy stream: on an H200 a canary upload
-    // landed over an out-of-place result without this.
-    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("cudaDeviceSynchronize after H2D");
-  }
-  void download(void* dst, const void* src, std::size_t bytes) {
-    if (bytes && cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) throw std::runtime_error("cudaMemcpy D2H");
-  }
-};
+using conf::device_memory;
 
 // The ranks' communicators, made together (NCCL's init is collective), then one case on all.
 class gpu_ranks {
