@@ -505,7 +505,12 @@ class agent {
     auto next_beat = clock::now();
     bool reported_done = false;
     while (true) {
-      for (const auto& e : group.poll_once(opt_.monitor_interval)) {
+      auto exits = group.poll_once(opt_.monitor_interval);
+      // One poll can reap a killed rank together with a peer that saw it die and exited with
+      // kft's error (waitpid returns the older child first): the killed one is the cause, and
+      // the first failure reported is the one the job names.
+      std::stable_partition(exits.begin(), exits.end(), [](const auto& e) { return e.signal != 0; });
+      for (const auto& e : exits) {
         if (e.code == 0) continue;
         const auto& why = group.start_error_of(e.rank);
         report_failure(attempt, failure::make({{"rank", std::to_string(e.rank)},
