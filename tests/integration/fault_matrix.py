@@ -15,7 +15,10 @@ collective phases also rank 1 skipping a call and rank 1 calling with a differen
 trainer's phases run `trainer_worker ... --fault PHASE:RANK:ACTION` (example 05's model under
 kft::ddp::trainer, checkpointing every 10 steps); a checkpoint cut short must leave no final file.
 Every case asserts:
-  - the job ends, with a non-zero status, within the timeout + 5 s;
+  - the job ends within the timeout + 5 s, with kftrun's failure class (tools/kftrun/exit_codes.hpp):
+    3 (rank lost) for a killed rank, 1 (worker failed) otherwise: a stopped rank is found by the
+    other ranks' timeouts (the agent's own check for a stopped worker, which would exit 5, waits
+    --heartbeat-timeout, set here above the job's timeout);
   - the culprit is named: kftrun names a killed rank and its signal; for a stopped, skipping
     or mismatching rank, another rank's error names it and the operation it was in;
   - nothing is left: no process of the job, no new /dev/shm entry, nothing listening on the
@@ -70,8 +73,8 @@ def case(phase, rank, action):
     shm0 = kft_shm()
     private = tempfile.mkdtemp(prefix="fault-tmp-")
     port = free_port()
-    cmd = [KFTRUN, "--timeout", str(TIMEOUT), "--term-grace", "2", "--master-port", str(port), "--nproc-per-node", "3",
-           "--", WORKER]
+    cmd = [KFTRUN, "--timeout", str(TIMEOUT), "--heartbeat-timeout", str(2 * TIMEOUT), "--term-grace", "2",
+           "--master-port", str(port), "--nproc-per-node", "3", "--", WORKER]
     ckpt = None
     if phase in TRAINER_PHASES:
         ckpt = tempfile.mkdtemp(prefix="fault-ckpt-")
@@ -87,7 +90,8 @@ def case(phase, rank, action):
         return
     took = time.monotonic() - t0
     err = p.stderr
-    expect(p.returncode != 0, f"{title}: the job fails (status {p.returncode})", err)
+    want = 3 if action == "kill" else 1  # rank lost; worker failed
+    expect(p.returncode == want, f"{title}: the job fails with {want} (status {p.returncode})", err)
     expect(took < TIMEOUT + 5, f"{title}: within the timeout + 5 s ({took:.1f} s)", err)
     if action == "kill":
         expect(f"rank {rank} (local rank {rank}, node 0)" in err and "killed by signal 9 (SIGKILL)" in err,

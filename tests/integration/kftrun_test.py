@@ -4,8 +4,8 @@
 
     kftrun_test.py KFTRUN KFT_INFO SCENARIO
 
-Each scenario asserts what a user would check by hand: exit status, the message, how long it
-took. After every scenario, whatever its path: no process of it is left (agents included),
+Each scenario asserts what a user would check by hand: exit status (kftrun's failure classes,
+tools/kftrun/exit_codes.hpp: EXIT below), the message, how long it took. After every scenario, whatever its path: no process of it is left (agents included),
 nothing new in /dev/shm, nothing listening on a port it used, and nothing in the TMPDIR /
 XDG_RUNTIME_DIR its jobs ran with (a private directory per scenario).
 """
@@ -28,6 +28,17 @@ MARK = str(random.randint(10**8, 10**9))  # unique argument to find this test's 
 
 PRIVATE = tempfile.mkdtemp(prefix="kftrun-test-tmp-")  # every job's TMPDIR and XDG_RUNTIME_DIR
 PORTS = []  # every port a scenario gave a job: nothing may listen on one afterwards
+
+
+def exit_classes():
+    """kftrun's exit statuses, read from tools/kftrun/exit_codes.hpp (so a drift fails here)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "..", "tools", "kftrun", "exit_codes.hpp")) as f:
+        text = f.read()
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"inline constexpr int (\w+) = (\d+);", text)}
+
+
+EXIT = exit_classes()
 
 
 def free_port():
@@ -84,6 +95,14 @@ def two_agents(flags, program):
     return [start([*common, "--node-rank", str(n), "--", *program], **token) for n in (0, 1)]
 
 
+def agents_of(nodes, flags, program):
+    """Starts the agents of an n-node job on loopback, sharing a token."""
+    port = free_port()
+    token = dict(KFT_RDZV_TOKEN="t" + MARK)
+    common = ["--nnodes", str(nodes), "--master-port", str(port), *flags]
+    return [start([*common, "--node-rank", str(n), "--", *program], **token) for n in range(nodes)]
+
+
 def kill_one(agents, victim, survivor):
     """Kills agent `victim` once all 4 workers run; returns (survivor's stderr, seconds to its exit)."""
     wait_for_workers(4)
@@ -117,7 +136,8 @@ def torch_style_worker():
 def worker_fails():
     p, took = run(["--nproc-per-node", "3", "--", "sh", "-c",
                    f'if [ "$RANK" = 1 ]; then sleep 0.2; exit 3; fi; exec sleep {MARK}'])
-    expect(p.returncode == 3, "kftrun exits with the failing worker's status", p.returncode, p.stderr)
+    expect(p.returncode == EXIT["worker_failed"], "kftrun exits 1 (worker failed), whatever the worker's status",
+           p.returncode, p.stderr)
     expect(took < 8, f"the job ends within seconds ({took:.2f} s)")
     expect("rank 1 (local rank 1, node 0) on " in p.stderr and "exited with status 3" in p.stderr,
            "the message names the rank, host and exit reason", p.stderr)
@@ -129,7 +149,8 @@ def worker_fails():
 def worker_killed_by_signal():
     p, _ = run(["--nproc-per-node", "2", "--", "sh", "-c",
                 f'if [ "$RANK" = 0 ]; then kill -SEGV $$; fi; exec sleep {MARK}'])
-    expect(p.returncode == 128 + signal.SIGSEGV, "a worker killed by a signal gives 128+signal", p.returncode, p.stderr)
+    expect(p.returncode == EXIT["worker_failed"], "a worker that crashed (SIGSEGV) gives 1 (worker failed)",
+           p.returncode, p.stderr)
     expect("was killed by signal 11 (SIGSEGV)" in p.stderr, "the message names the signal", p.stderr)
     no_leftovers()
 
@@ -155,7 +176,7 @@ def restart_once():
 def restarts_exhausted():
     p, _ = run(["--nproc-per-node", "2", "--max-restarts", "2", "--", "sh", "-c",
                 'echo "attempt $TORCHELASTIC_RESTART_COUNT"; [ "$RANK" = 0 ] && exit 9; exit 0'])
-    expect(p.returncode == 9, "after the last restart kftrun exits with the worker's status", p.returncode)
+    expect(p.returncode == EXIT["worker_failed"], "after the last restart kftrun exits 1 (worker failed)", p.returncode)
     expect(p.stdout.count("[0]: attempt") == 3 and "[0]: attempt 2" in p.stdout, "exactly 1 + 2 attempts ran", p.stdout)
 
 
@@ -170,18 +191,47 @@ def two_agents_restart_together():
 
 
 def agent_killed():
-    agents = two_agents(["--nproc-per-node", "2", "--heartbeat-timeout", "2"], ["sleep", MARK])
-    err, took = kill_one(agents, victim=1, survivor=0)
-    expect(agents[0].returncode != 0, "the surviving agent fails the job", agents[0].returncode, err)
-    expect(took < 6, f"it noticed the dead agent within the heartbeat timeout ({took:.2f} s)", err)
-    expect("the agent of node 1 on" in err and "stopped sending heartbeats" in err, "the message names the dead agent", err)
-    no_leftovers()  # node 1's workers die with their agent (PDEATHSIG), node 0's are stopped
+    # Three nodes: kill -9 of node 1's agent; node 0 (the store's host) and node 2 both exit 4.
+    agents = agents_of(3, ["--nproc-per-node", "1", "--heartbeat-timeout", "2"], ["sleep", MARK])
+    wait_for_workers(3)
+    agents[1].kill()
+    t0 = time.monotonic()
+    _, err = agents[0].communicate(timeout=30)
+    took = time.monotonic() - t0
+    _, err2 = agents[2].communicate(timeout=30)
+    agents[1].wait()
+    for n, e in ((0, err), (2, err2)):
+        expect(agents[n].returncode == EXIT["node_lost"], f"surviving node {n} exits 4 (node lost)",
+               agents[n].returncode, e)
+    expect(took < 2, f"the closed connection is noticed before the heartbeat timeout ({took:.2f} s)", err)
+    expect("the agent of node 1 on" in err and "is gone: its connection to the store closed" in err,
+           "the message names the dead agent", err)
+    no_leftovers()  # node 1's workers die with their agent (PDEATHSIG), the others' are stopped
+
+
+def agent_stopped():
+    # SIGSTOP of node 1's agent: alive (still connected) but silent, so node 0 exits 5 (hang).
+    agents = two_agents(["--nproc-per-node", "1", "--heartbeat-timeout", "1"], ["sleep", MARK])
+    wait_for_workers(2)
+    agents[1].send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    _, err = agents[0].communicate(timeout=30)
+    took = time.monotonic() - t0
+    agents[1].send_signal(signal.SIGCONT)
+    _, err1 = agents[1].communicate(timeout=30)
+    expect(agents[0].returncode == EXIT["hang"], "node 0 exits 5 (hang)", agents[0].returncode, err)
+    expect(0.5 < took < 4, f"after the heartbeat timeout ({took:.2f} s)", err)
+    expect("the agent of node 1 on" in err and "but is still connected to the store" in err,
+           "the message says the agent is silent, not gone", err)
+    expect(agents[1].returncode == EXIT["node_lost"] and "lost the rendezvous store" in err1,
+           "the stopped agent, resumed, finds node 0 gone (4)", agents[1].returncode, err1)
+    no_leftovers()
 
 
 def store_host_killed():
     agents = two_agents(["--nproc-per-node", "2"], ["sleep", MARK])
     err, took = kill_one(agents, victim=0, survivor=1)
-    expect(agents[1].returncode != 0, "the other agent fails the job", agents[1].returncode, err)
+    expect(agents[1].returncode == EXIT["node_lost"], "the other agent exits 4 (node lost)", agents[1].returncode, err)
     expect(took < 5, f"within seconds ({took:.2f} s)")
     expect("lost the rendezvous store" in err, "the message says the store (node 0's agent) is gone", err)
     no_leftovers()
@@ -236,7 +286,7 @@ def unreachable_master():
     port = free_port()
     p, took = run(["--nnodes", "2", "--node-rank", "1", "--master-port", str(port), "--rdzv-timeout", "1.5",
                    "--", "true"], KFT_RDZV_TOKEN="t")
-    expect(p.returncode == 1, "an unreachable master fails", p.returncode, p.stderr)
+    expect(p.returncode == EXIT["hang"], "an unreachable master: 5 (a deadline passed)", p.returncode, p.stderr)
     expect(f"could not reach the rendezvous store at 127.0.0.1:{port} within 1.5 s" in p.stderr,
            "naming the address and the timeout", p.stderr)
     expect(1.4 < took < 5, f"after the rendezvous timeout ({took:.2f} s)")
@@ -246,7 +296,7 @@ def gang_timeout():
     port = free_port()
     p, took = run(["--nnodes", "3", "--node-rank", "0", "--master-port", str(port), "--rdzv-timeout", "1.5",
                    "--", "true"], KFT_RDZV_TOKEN="t")
-    expect(p.returncode != 0, "a job whose nodes never all join fails", p.returncode)
+    expect(p.returncode == EXIT["hang"], "a job whose nodes never all join exits 5 (hang)", p.returncode)
     expect("node ranks 1, 2 of 3 did not join (joined: 0 on" in p.stderr, "naming the missing node ranks", p.stderr)
     expect(took < 5, f"soon after the rendezvous timeout ({took:.2f} s)")
 
@@ -421,9 +471,36 @@ def daemon_left_behind():
     for code in (0, 3):
         p, _ = run(["--nproc-per-node", "2", "--term-grace", "1", "--", "sh", "-c",
                     f'(setsid sh -c "trap \\"\\" TERM; sleep {MARK}; sleep {MARK}" &); sleep 0.3; exit {code}'])
-        expect(p.returncode == code, f"the job exits {code}", p.returncode, p.stderr)
+        expect(p.returncode == (0 if code == 0 else EXIT["worker_failed"]), f"the job exits {code and 1}", p.returncode,
+               p.stderr)
         expect("ended 2 processes the workers left running" in p.stderr, "kftrun says it ended the daemons", p.stderr)
         expect(not leftovers(), f"no daemon (setsid, double fork) outlives kftrun (exit {code})", *leftovers())
+
+
+def worker_exit_classes():
+    """Each class a worker's end gives kftrun; the worker's own status stays in the ERROR line."""
+    for script, cls, says in [
+        ("exit 2", "worker_failed", "exited with status 2"),      # not a usage error of kftrun
+        ("exit 143", "worker_failed", "exited with status 143"),  # not a preemption of kftrun
+        ("kill -9 $$", "rank_lost", "was killed by signal 9 (SIGKILL)"),
+        ("kill -ABRT $$", "worker_failed", "was killed by signal 6 (SIGABRT)"),
+    ]:
+        p, took = run(["--nproc-per-node", "2", "--", "sh", "-c", f'if [ "$RANK" = 1 ]; then {script}; fi; exec sleep {MARK}'])
+        expect(p.returncode == EXIT[cls], f"a worker that runs `{script}`: kftrun exits {EXIT[cls]} ({cls})",
+               p.returncode, p.stderr)
+        expect(re.search(rf"ERROR: rank 1 \(local rank 1, node 0\) on .* {re.escape(says)}$", p.stderr, re.M),
+               f"the ERROR line keeps the worker's own end ({says})", p.stderr)
+    # A local worker stopped (state T) for longer than the heartbeat timeout: a hang.
+    p, took = run(["--nproc-per-node", "2", "--heartbeat-timeout", "1", "--", "sh", "-c",
+                   f'if [ "$RANK" = 1 ]; then kill -STOP $$; fi; exec sleep {MARK}'])
+    expect(p.returncode == EXIT["hang"], "a worker stopped past --heartbeat-timeout: kftrun exits 5 (hang)",
+           p.returncode, p.stderr)
+    expect("rank 1 (local rank 1, node 0) on" in p.stderr and "stayed stopped (state T" in p.stderr,
+           "naming the stopped rank", p.stderr)
+    expect(1 < took < 4, f"after the heartbeat timeout ({took:.2f} s)")
+    p, _ = run(["--no-such-flag", "--", "true"])
+    expect(p.returncode == EXIT["usage"], "a bad flag: 2 (usage)", p.returncode, p.stderr)
+    no_leftovers()
 
 
 def stopped_worker():
@@ -672,7 +749,7 @@ def elastic_below_min():
     outs = [a.communicate(timeout=30) for a in agents]
     took = time.monotonic() - t0
     for n, (a, (_, err)) in enumerate(zip(agents, outs)):
-        expect(a.returncode == 1, f"node {n}'s agent fails", a.returncode, err)
+        expect(a.returncode == EXIT["hang"], f"node {n}'s agent exits 5 (hang)", a.returncode, err)
         expect("rendezvous timed out after 3 s: 2 of at least 3 nodes joined round 0 (0 on" in err and
                "node rank(s) 2, 3 did not" in err, f"node {n} names who joined and who did not", err)
     expect(took < 3 + 3, f"after the rendezvous timeout ({took:.2f} s)")
@@ -721,7 +798,7 @@ def elastic_duplicate_node_rank():
 SCENARIOS = {f.__name__: f for f in [
     signal_stops_every_node, nproc_auto, bind_core,
     torch_style_worker, worker_fails, worker_killed_by_signal, restart_once, restarts_exhausted,
-    two_agents_restart_together, agent_killed, store_host_killed, sigterm, sigint, wrong_token, port_in_use,
+    two_agents_restart_together, agent_killed, agent_stopped, store_host_killed, worker_exit_classes, sigterm, sigint, wrong_token, port_in_use,
     unreachable_master, gang_timeout, log_dir, bad_input, pet_environment_forms,
     sigterm_during_gang_start, daemon_left_behind, stopped_worker, store_flood, store_oversized_hello,
     store_log_injection, unbounded_output, elastic_join_leave_rejoin, elastic_below_min, elastic_full_round_waits,

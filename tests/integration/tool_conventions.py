@@ -103,9 +103,9 @@ expect(p.returncode == 0 and p.stderr == "" and p.stdout.count("level=warn") == 
 p = run([KFTRUN, *show])
 expect(p.returncode == 0 and "DEBUG" not in p.stderr and p.stdout.count("level=\n") == 2,
        "by default (info) no DEBUG lines, and the workers' KFT_LOG_LEVEL stays unset", p)
-# A failing worker: the job's end is an ERROR line of the agent, with the usual status.
+# A failing worker: the job's end is an ERROR line of the agent; kftrun exits 1 (worker failed).
 p = run([KFTRUN, "--nproc-per-node", "1", "--", "sh", "-c", "exit 3"])
-expect(p.returncode == 3 and re.search(r"^kftrun\[node 0\] ERROR: rank 0 .*exited with status 3$", p.stderr, re.M)
+expect(p.returncode == 1 and re.search(r"^kftrun\[node 0\] ERROR: rank 0 .*exited with status 3$", p.stderr, re.M)
        and well_formed(p), "a failed job ends with one ERROR line of the agent", p)
 
 print(f"tool_conventions: {procs.checks - procs.failures} passed, {procs.failures} failed")

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -309,6 +310,64 @@ BOOST_AUTO_TEST_CASE(server_gone_is_reported_as_lost_store) {
   });
   killer.join();
   BOOST_CHECK_THROW(client.ping(), kft::transport_error);
+}
+
+// kftrun tells a store that is gone (node lost) from one that is silent (hang) by the code.
+BOOST_AUTO_TEST_CASE(a_gone_store_and_a_silent_one_have_different_codes) {
+  auto server = std::make_unique<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", 0, "t", {}});
+  rdzv::tcp_store::options o;
+  o.host = "127.0.0.1";
+  o.port = server->port();
+  o.token = "t";
+  rdzv::tcp_store client(o);
+  client.ping();
+  server.reset();
+  BOOST_CHECK_EXCEPTION(client.ping(), kft::transport_error, [](const kft::transport_error& e) {
+    BOOST_TEST_INFO(e.what() << " (code " << e.backend_code() << ")");
+    return e.backend_code() != 0 && e.backend_code() != ETIMEDOUT;
+  });
+  // A listener that never answers (its backlog takes the connection; nobody reads).
+  auto silent = rdzv::detail::listen_on("127.0.0.1", 0);
+  o.port = rdzv::detail::local_port(silent.get());
+  o.connect_timeout = 400ms;
+  o.io_timeout = 200ms;
+  BOOST_CHECK_EXCEPTION(rdzv::tcp_store{o}, kft::transport_error, [](const kft::transport_error& e) {
+    BOOST_TEST_INFO(e.what() << " (code " << e.backend_code() << ")");
+    return e.backend_code() == ETIMEDOUT && std::string(e.what()).find("no reply within") != std::string::npos;
+  });
+}
+
+BOOST_AUTO_TEST_CASE(owned_keys_go_with_the_connection_that_set_them) {
+  rdzv::tcp_store_server server({"127.0.0.1", 0, "t", {}});
+  rdzv::tcp_store::options o;
+  o.host = "127.0.0.1";
+  o.port = server.port();
+  o.token = "t";
+  auto a = std::make_unique<rdzv::tcp_store>(o);
+  rdzv::tcp_store b(o);
+  a->set_owned("alive/a", "1");
+  a->set_owned("taken", "a");
+  a->set_owned("rebound", "a");
+  a->set("plain", "a");
+  b.set("taken", "b");          // a plain write takes the key over: it stays
+  b.set_owned("rebound", "b");  // now bound to b
+  BOOST_TEST(b.try_get("alive/a").value_or("") == "1");  // there while a is connected
+  a.reset();                                             // a's connection closes
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (b.try_get("alive/a") && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  BOOST_TEST(!b.try_get("alive/a").has_value());
+  BOOST_TEST(b.try_get("taken").value_or("") == "b");
+  BOOST_TEST(b.try_get("rebound").value_or("") == "b");
+  BOOST_TEST(b.try_get("plain").value_or("") == "a");
+  {
+    rdzv::tcp_store c(o);
+    c.set_owned("alive/c", "1");
+  }
+  rdzv::tcp_store d(o);
+  const auto deadline2 = std::chrono::steady_clock::now() + 5s;
+  while (d.try_get("alive/c") && std::chrono::steady_clock::now() < deadline2) std::this_thread::sleep_for(5ms);
+  BOOST_TEST(!d.try_get("alive/c").has_value());
+  BOOST_TEST(d.try_get("rebound").value_or("") == "b");  // b is still connected
 }
 
 BOOST_AUTO_TEST_CASE(garbage_does_not_crash_the_server) {

@@ -7,6 +7,9 @@
 //   r<a>/worker_port     MASTER_PORT for the workers of round a (chosen by node 0)
 //   r<a>/failure         first failure of round a: "key=value" lines (compare_set: first wins)
 //   r<a>/done/<n>        node n's workers all exited 0 in round a
+//   r<a>/alive/<n>       "<host> <pid>", bound to agent n's connection (set_owned): the store
+//                        erases it when that connection closes, so a peer tells an agent whose
+//                        process is gone (node lost) from one that is silent (hang)
 //   r<a>/exit/<n>        node n has seen the round end (node 0 keeps the store up until all have)
 //   hb/<n>               node n's heartbeat counter (all rounds)
 // Elastic jobs (--nnodes MIN:MAX; n is the agent's --node-rank, its identity, and node 0 hosts
@@ -34,6 +37,7 @@
 #include <kft/core/token.hpp>
 #include <kft/rendezvous/tcp_store.hpp>
 
+#include "exit_codes.hpp"
 #include "workers.hpp"
 
 namespace kftrun {
@@ -74,9 +78,9 @@ struct failure {
     auto it = fields.find(k);
     return it == fields.end() ? "" : it->second;
   }
-  int code() const {
+  int code() const {  // the failure's class (exit_codes.hpp)
     const auto c = get("code");
-    return c.empty() ? 1 : std::stoi(c);
+    return c.empty() ? exit_code::worker_failed : std::stoi(c);
   }
   static failure parse(const std::string& text) {
     failure f;
@@ -99,6 +103,23 @@ inline std::string hostname() {
   char name[HOST_NAME_MAX + 1] = {};
   ::gethostname(name, sizeof name);
   return name;
+}
+
+/// The class of a failure to reach the store: a deadline passed (it stopped answering, or never
+/// came within the rendezvous timeout), or it is gone (its connection closed, refused, reset).
+inline int store_failure_class(const kft::error& e) {
+  if (dynamic_cast<const kft::timeout_error*>(&e) != nullptr) return exit_code::hang;
+  if (dynamic_cast<const kft::transport_error*>(&e) != nullptr)
+    return e.backend_code() == ETIMEDOUT ? exit_code::hang : exit_code::node_lost;
+  return exit_code::worker_failed;
+}
+
+/// The class of a worker's end: it could not be started, was killed by SIGKILL (the OOM
+/// killer, kill -9), or failed otherwise.
+inline int worker_failure_class(const exit_info& e, bool could_not_start) {
+  if (could_not_start) return exit_code::cannot_start;
+  if (e.signal == SIGKILL) return exit_code::rank_lost;
+  return exit_code::worker_failed;
 }
 
 /// A free TCP port on `host` (bound and released; the workers' rank 0 binds it soon after,
@@ -139,8 +160,15 @@ class agent {
     } catch (const kft::usage_error&) {
       if (const int sig = g_signal.load()) return stopped_by(sig, "while connecting to the rendezvous store");
       throw;
+    } catch (const kft::config_error&) {
+      throw;  // the store refused the token: kftrun exits 2
+    } catch (const kft::error& e) {  // not reached within --rdzv-timeout, or no answer (hang), or gone
+      log(kft::log::level::error, kft_message(e));
+      return store_failure_class(e);
     }
-    store_ = std::make_shared<rdzv::prefix_store>(client, "kftrun/" + opt_.run_id + "/");
+    client_ = client;
+    prefix_ = "kftrun/" + opt_.run_id + "/";
+    store_ = std::make_shared<rdzv::prefix_store>(client, prefix_);
 
     int failures = 0;  // rounds that ended in a failure (a membership change is not one)
     for (int attempt = opt_.elastic ? first_elastic_round() : 0;; ++attempt) {
@@ -189,8 +217,8 @@ class agent {
     bool interrupted = false;  // a signal ended the rendezvous (message: during what)
     bool fatal = false;  // no restart possible (e.g. the store is gone)
     bool membership_change = false;  // elastic: a node asked to join; the next round takes it
-    int code = 1;
-    int dead_node = -1;  // an agent that stopped heartbeating
+    int code = exit_code::worker_failed;  // the failure's class (exit_codes.hpp)
+    int dead_node = -1;  // an agent that is gone or silent (not waited for at the end)
     std::string message;
   };
 
@@ -230,6 +258,12 @@ class agent {
     }
   }
 
+  // An error's message without kft's "kft: " prefix.
+  static std::string kft_message(const std::exception& e) {
+    std::string m = e.what();
+    return m.rfind("kft: ", 0) == 0 ? m.substr(5) : m;
+  }
+
   // "kftrun[node N]", the agent's name in its log lines.
   std::string who() const { return "kftrun[node " + std::to_string(opt_.node_rank) + "]"; }
 
@@ -254,6 +288,7 @@ class agent {
     std::vector<std::string> hosts(static_cast<std::size_t>(opt_.nnodes));
     int worker_port = 0;
     try {
+      set_alive(attempt);  // before the node key: a formed round's members all have one
       store_->set(key(attempt, "node/" + std::to_string(opt_.node_rank)), std::to_string(opt_.nproc_per_node) + " " + host_);
       std::vector<std::string> keys;
       for (int n = 0; n < opt_.nnodes; ++n) keys.push_back(key(attempt, "node/" + std::to_string(n)));
@@ -265,6 +300,7 @@ class agent {
       }
       if (w == waited::timed_out) {
         out.fatal = true;
+        out.code = exit_code::hang;
         out.message = "rendezvous timed out after " + kft::detail::describe_duration(opt_.rdzv_timeout) + ": " +
                       missing_nodes(attempt) + " (run id \"" + opt_.run_id + "\", store " + opt_.master_addr + ":" +
                       std::to_string(opt_.master_port) + ")";
@@ -284,6 +320,7 @@ class agent {
       worker_port = std::stoi(store_->get(key(attempt, "worker_port"), opt_.rdzv_timeout));
     } catch (const kft::error& e) {
       out.fatal = true;
+      out.code = store_failure_class(e);
       out.message = std::string("rendezvous failed: ") + e.what();
       return out;
     }
@@ -379,6 +416,7 @@ class agent {
                                 "node rank " + std::to_string(opt_.node_rank) + " is taken by the agent on " + other_host +
                                     " (pid " + pid + ") in this elastic job: every agent needs its own");
       }
+      set_alive(round);  // (after the join: a refused duplicate must not take over the key)
       if (opt_.node_rank == 0) {
         const auto t0 = clock::now();
         std::optional<clock::time_point> enough;  // when MIN had joined
@@ -406,6 +444,7 @@ class agent {
             for (int id = 0; id < opt_.nnodes; ++id)
               if (std::find(ids.begin(), ids.end(), id) == ids.end()) never += (never.empty() ? "" : ", ") + std::to_string(id);
             out.fatal = true;
+            out.code = exit_code::hang;
             out.message = "rendezvous timed out after " + kft::detail::describe_duration(opt_.rdzv_timeout) + ": " +
                           std::to_string(n) + " of at least " + std::to_string(opt_.min_nodes) + " nodes joined round " +
                           std::to_string(round) + " (" + describe_joined(round, ids) + "); node rank(s) " + never +
@@ -430,6 +469,7 @@ class agent {
         if (auto f = store_->try_get(ekey(round, "failed"))) {
           store_->set(ekey(round, "ack/" + std::to_string(opt_.node_rank)), "1");
           out.fatal = true;
+          out.code = exit_code::hang;  // (the only reason a round does not form: too few nodes in time)
           out.message = *f;
           return out;
         }
@@ -465,6 +505,7 @@ class agent {
       throw;  // (a node rank in use: kftrun exits 2)
     } catch (const kft::error& e) {
       out.fatal = true;
+      out.code = store_failure_class(e);
       out.message = std::string("rendezvous failed: ") + e.what();
       return out;
     }
@@ -502,6 +543,12 @@ class agent {
 
     // 3. Watch: local exits, the round's failure key, the other agents' heartbeats, signals.
     std::map<int, std::pair<std::int64_t, clock::time_point>> beats;  // node -> (last value, when it changed)
+    // node -> its alive key was seen this round. A fixed-size round's members set theirs before
+    // joining; an elastic member sets it just after, so it may not be there yet at the start.
+    std::map<int, bool> seen_alive;
+    if (!opt_.elastic)
+      for (int n : m.ids) seen_alive[n] = true;
+    std::map<int, clock::time_point> stopped_since;       // local rank -> when it was first seen stopped
     auto next_beat = clock::now();
     bool reported_done = false;
     while (true) {
@@ -510,6 +557,17 @@ class agent {
       // kft's error (waitpid returns the older child first): the killed one is the cause, and
       // the first failure reported is the one the job names.
       std::stable_partition(exits.begin(), exits.end(), [](const auto& e) { return e.signal != 0; });
+      bool failed = false;
+      for (const auto& e : exits) failed |= e.code != 0;
+      // A worker that failed because a peer on a lost node vanished with it: the lost node is
+      // the cause (its agent's connection closed before its workers died with it).
+      if (failed && nodes > 1) {
+        try {
+          check_peers(attempt, m, beats, seen_alive, /*heartbeats=*/false);
+        } catch (const kft::error&) {
+          // The store is gone: the loop below finds out.
+        }
+      }
       for (const auto& e : exits) {
         if (e.code == 0) continue;
         const auto& why = group.start_error_of(e.rank);
@@ -517,13 +575,13 @@ class agent {
                                                {"local_rank", std::to_string(e.local_rank)},
                                                {"node", std::to_string(opt_.node_rank)},
                                                {"host", host_},
-                                               {"code", std::to_string(e.code)},
+                                               {"code", std::to_string(worker_failure_class(e, !why.empty()))},
                                                {"what", why.empty() ? e.describe() : why}}));
       }
       if (const int sig = g_signal.load()) {
         report_failure(attempt, failure::make({{"node", std::to_string(opt_.node_rank)},
                                                {"host", host_},
-                                               {"code", std::to_string(128 + sig)},
+                                               {"code", std::to_string(exit_code::signalled(sig))},
                                                {"final", "1"},  // a stopped job is not restarted
                                                {"agent", std::string("received SIG") + ::sigabbrev_np(sig)}}));
         stop_workers(group);
@@ -535,7 +593,7 @@ class agent {
           stop_workers(group);
           const auto rec = failure::parse(*f);
           out.code = rec.code();
-          if (rec.get("agent").find("heartbeat") != std::string::npos) out.dead_node = std::stoi(rec.get("node"));
+          if (rec.get("lost") == "1") out.dead_node = std::stoi(rec.get("node"));
           out.fatal = rec.get("final") == "1";
           out.membership_change = rec.get("membership") == "1";
           out.message = out.membership_change ? "node " + rec.get("node") + " on " + rec.get("host") + " asked to join"
@@ -564,28 +622,101 @@ class agent {
                                                      {"membership", "1"},
                                                      {"agent", "asked to join"}}));
           }
-          for (int n : m.ids) {
-            if (n == opt_.node_rank || store_->try_get(key(attempt, "exit/" + std::to_string(n)))) continue;
-            const auto v = store_->add("hb/" + std::to_string(n), 0);
-            auto [it, fresh] = beats.try_emplace(n, v, now);
-            if (fresh || it->second.first != v) {
-              it->second = {v, now};
-            } else if (now - it->second.second > opt_.heartbeat_timeout) {
-              report_failure(attempt,
-                             failure::make({{"node", std::to_string(n)},
-                                            {"host", m.hosts[m.position(n)]},
-                                            {"code", "1"},
-                                            {"agent", "stopped sending heartbeats for " +
-                                                          kft::detail::describe_duration(opt_.heartbeat_timeout) +
-                                                          " (killed, or its host is gone)"}}));
-            }
-          }
+          check_stopped_workers(attempt, group, stopped_since, now);
+          check_peers(attempt, m, beats, seen_alive, /*heartbeats=*/true);
         }
       } catch (const kft::error& e) {
         stop_workers(group);
         out.fatal = true;
-        out.message = std::string(e.what()) + " (the node-0 agent, which hosts the store, has probably died)";
+        out.code = store_failure_class(e);
+        out.message = lost_store_message(e);
         return out;
+      }
+    }
+  }
+
+  // r<a>/alive/<n>, bound to this agent's connection: if this process ends, the key goes with it.
+  void set_alive(int attempt) {
+    client_->set_owned(prefix_ + key(attempt, "alive/" + std::to_string(opt_.node_rank)),
+                       host_ + " " + std::to_string(::getpid()));
+  }
+
+  static std::string lost_store_message(const kft::error& e) {
+    return kft_message(e) + (store_failure_class(e) == exit_code::hang
+                                 ? " (the node-0 agent, which hosts the store, stopped answering: stopped, or its "
+                                   "host is unreachable)"
+                                 : " (the node-0 agent, which hosts the store, has probably died)");
+  }
+
+  // A local worker stopped (state T: SIGSTOP, SIGTSTP) for longer than the heartbeat timeout
+  // holds up the job as a silent agent would: the round fails as a hang.
+  void check_stopped_workers(int attempt, const worker_group& group, std::map<int, clock::time_point>& since,
+                             clock::time_point now) {
+    std::map<int, clock::time_point> still;
+    for (const auto& [rank, local_rank] : group.stopped_workers()) {
+      const auto it = since.find(rank);
+      const auto first = it == since.end() ? now : it->second;
+      still[rank] = first;
+      if (now - first > opt_.heartbeat_timeout)
+        report_failure(attempt, failure::make({{"rank", std::to_string(rank)},
+                                               {"local_rank", std::to_string(local_rank)},
+                                               {"node", std::to_string(opt_.node_rank)},
+                                               {"host", host_},
+                                               {"code", std::to_string(exit_code::hang)},
+                                               {"what", "stayed stopped (state T, e.g. SIGSTOP) for more than " +
+                                                            kft::detail::describe_duration(opt_.heartbeat_timeout) +
+                                                            " (--heartbeat-timeout)"}}));
+    }
+    since = std::move(still);
+  }
+
+  // The other agents of the round: one whose alive key vanished is gone (its process ended:
+  // node lost); one whose heartbeat stopped for the heartbeat timeout while its key stays is
+  // alive but silent (stopped, or cut off: hang). With `heartbeats` false, only the first.
+  void check_peers(int attempt, const membership& m, std::map<int, std::pair<std::int64_t, clock::time_point>>& beats,
+                   std::map<int, bool>& seen_alive, bool heartbeats) {
+    const auto now = clock::now();
+    const auto nodes_under = [&](const std::string& what) {  // the n of every r<a>/<what>/<n>
+      std::vector<int> ids;
+      for (const auto& k : store_->keys(key(attempt, what + "/"))) ids.push_back(std::stoi(k.substr(k.rfind('/') + 1)));
+      return ids;
+    };
+    const auto left = nodes_under("exit"), connected = nodes_under("alive");
+    const auto has = [](const std::vector<int>& ids, int n) { return std::find(ids.begin(), ids.end(), n) != ids.end(); };
+    for (int n : m.ids) {
+      const auto exited = [&] { return store_->try_get(key(attempt, "exit/" + std::to_string(n))).has_value(); };
+      if (n == opt_.node_rank || has(left, n)) continue;
+      const bool alive = has(connected, n);
+      bool& seen = seen_alive[n];
+      seen |= alive;
+      const auto& host = m.hosts[m.position(n)];
+      // (An agent sets its exit key before it leaves: read again, it may have ended just now.)
+      if (!alive && seen && !exited()) {
+        report_failure(attempt, failure::make({{"node", std::to_string(n)},
+                                               {"host", host},
+                                               {"code", std::to_string(exit_code::node_lost)},
+                                               {"lost", "1"},
+                                               {"agent", "is gone: its connection to the store closed (its process "
+                                                         "ended: killed, or crashed)"}}));
+        continue;
+      }
+      if (!heartbeats) continue;
+      const auto v = store_->add("hb/" + std::to_string(n), 0);
+      auto [it, fresh] = beats.try_emplace(n, v, now);
+      if (fresh || it->second.first != v) {
+        it->second = {v, now};
+      } else if (now - it->second.second > opt_.heartbeat_timeout) {
+        const bool gone = !alive && !exited();
+        report_failure(attempt,
+                       failure::make({{"node", std::to_string(n)},
+                                      {"host", host},
+                                      {"code", std::to_string(gone ? exit_code::node_lost : exit_code::hang)},
+                                      {"lost", "1"},
+                                      {"agent", "stopped sending heartbeats for " +
+                                                    kft::detail::describe_duration(opt_.heartbeat_timeout) +
+                                                    (gone ? " and is not connected to the store (killed, or its host is gone)"
+                                                          : " but is still connected to the store (stopped, e.g. SIGSTOP, "
+                                                            "or its host is unreachable)")}}));
       }
     }
   }
@@ -697,6 +828,8 @@ class agent {
   options opt_;
   std::string host_;
   std::shared_ptr<rdzv::store> store_;
+  std::shared_ptr<rdzv::tcp_store> client_;  // store_'s connection (for set_owned)
+  std::string prefix_;                       // store_'s prefix
   std::optional<int> ended_;  // elastic: the job's status, seen while waiting to be taken in
 };
 

@@ -29,6 +29,9 @@
 
 namespace kftrun {
 
+// CLI11's refusals (kft_tools::parse) and kftrun's own exit with the same usage class.
+static_assert(exit_code::usage == kft_tools::usage_status);
+
 // --bind: one CPU list per local rank, planned with hwloc before any worker starts.
 inline std::vector<std::string> plan_bindings(const std::string& bind, [[maybe_unused]] int nproc) {
   if (bind.empty() || bind == "none") return {};
@@ -198,7 +201,7 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
     }
   } catch (const kft::config_error& e) {
     kft::log::error("kftrun", e.detail());  // names the flag or variable and its value
-    return kft_tools::usage_status;
+    return exit_code::usage;
   }
   return o;
 }

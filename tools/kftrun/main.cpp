@@ -6,7 +6,8 @@
 //
 // Every flag also reads its PET_* environment form (PET_NNODES, PET_NPROC_PER_NODE, ...), so a
 // Kubeflow TrainJob pod running the stock torch runtime can run `kftrun -- program` unchanged.
-// See docs/launching.md for the environment each worker gets and the failure semantics.
+// See docs/launching.md for the environment each worker gets and the failure semantics; the exit
+// statuses are the failure classes of exit_codes.hpp.
 #include <signal.h>
 #include <sys/prctl.h>
 
@@ -42,9 +43,10 @@ int main(int argc, char** argv) {
     return kftrun::agent(std::move(o)).run();
   } catch (const kft::config_error& e) {
     kft::log::error("kftrun[node " + std::to_string(node) + "]", kft_tools::message_of(e, "kftrun"));
-    return kft_tools::usage_status;
-  } catch (const kft::error& e) {
+    return kftrun::exit_code::usage;
+  } catch (const kft::error& e) {  // e.g. the store's port is taken, fork failed
     kft::log::error("kftrun[node " + std::to_string(node) + "]", kft_tools::message_of(e, "kftrun"));
-    return 1;
+    return dynamic_cast<const kft::timeout_error*>(&e) != nullptr ? kftrun::exit_code::hang
+                                                                  : kftrun::exit_code::worker_failed;
   }
 }

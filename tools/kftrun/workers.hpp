@@ -237,6 +237,15 @@ class worker_group {
   /// setsid() and were handed to kftrun, the child subreaper) that were ended, so far.
   int strays_ended() const noexcept { return strays_ended_; }
 
+  /// Live workers in state T (stopped by a signal: SIGSTOP, SIGTSTP), as (rank, local rank).
+  /// Not those stopped by a tracer (state t: a debugger at a breakpoint).
+  std::vector<std::pair<int, int>> stopped_workers() const {
+    std::vector<std::pair<int, int>> out;
+    for (const auto& w : workers_)
+      if (!w.exited && state_of(w.pid) == 'T') out.emplace_back(w.rank, w.local_rank);
+    return out;
+  }
+
   /// Sends `sig` to every live worker's process group.
   void signal_all(int sig) {
     for (auto& w : workers_)
@@ -258,13 +267,18 @@ class worker_group {
     std::string start_error;
   };
 
-  // State letter of /proc/<pid>/stat: T (stopped) or t (stopped by a tracer).
-  static bool is_stopped(pid_t pid) {
+  // The state letter of /proc/<pid>/stat (R, S, D, T stopped, t stopped by a tracer, Z, ...);
+  // 0 when it cannot be read.
+  static char state_of(pid_t pid) {
     std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
     std::string text;
     std::getline(f, text);
     const auto close = text.rfind(')');
-    return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'T' || text[close + 2] == 't');
+    return close != std::string::npos && close + 2 < text.size() ? text[close + 2] : '\0';
+  }
+  static bool is_stopped(pid_t pid) {
+    const char s = state_of(pid);
+    return s == 'T' || s == 't';
   }
 
   // kftrun's children that are not workers: whatever the workers started and left behind

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -147,6 +148,14 @@ class tcp_store final : public store {
     for (auto& k : out) k = r.str();
     return out;
   }
+  /// @brief Sets `key` bound to this connection: the server erases it when this connection
+  /// closes (the process ended, was killed, or gave up on the store), unless a later write from
+  /// any connection (set, compare_set, add, erase, or another set_owned) took the key over. A
+  /// peer can so tell a process that is gone (its key vanished) from one that is alive but
+  /// silent (a stopped process, a cut link: the key stays until the connection is torn down).
+  void set_owned(std::string_view key, std::string_view value) {
+    expect_ok(call(wire::writer().u8(op(wire::op::set_owned)).str(key).str(value), "set"), "set");
+  }
   /// @brief A round trip; throws when the store is gone.
   void ping() { expect_ok(call(wire::writer().u8(op(wire::op::ping)), "ping"), "ping"); }
 
@@ -163,33 +172,39 @@ class tcp_store final : public store {
 
   wire::reader request(const std::string& frame, std::chrono::milliseconds timeout, const char* what) {
     std::lock_guard lock(mu_);
-    if (!fd_) lost(what, "an earlier request failed");
+    if (!fd_) lost(what, "an earlier request failed", lost_code_);
     const auto deadline = detail::clock::now() + timeout;
-    if (auto why = detail::send_all(fd_.get(), frame, deadline); !why.empty()) lost(what, why);
+    if (auto why = detail::send_all(fd_.get(), frame, deadline); !why.empty()) {
+      const int err = errno;
+      lost(what, why, detail::clock::now() >= deadline ? ETIMEDOUT : err);
+    }
     auto read_exact = [&](std::size_t count) {
       std::string buf(count, '\0');
       using st = detail::recv_result::status;
       const auto r = detail::recv_exact(fd_.get(), buf.data(), count, deadline);
-      if (r.what == st::timeout) lost(what, "no reply within " + kft::detail::describe_duration(timeout));
-      if (r.what == st::closed) lost(what, "the store closed the connection (did its host process end?)");
-      if (r.what == st::error) lost(what, detail::errno_text(r.err));
+      if (r.what == st::timeout) lost(what, "no reply within " + kft::detail::describe_duration(timeout), ETIMEDOUT);
+      if (r.what == st::closed) lost(what, "the store closed the connection (did its host process end?)", ECONNRESET);
+      if (r.what == st::error) lost(what, detail::errno_text(r.err), r.err);
       return buf;
     };
     const auto header = read_exact(4);
     const auto n = wire::frame_length(header);
-    if (n == 0 || n > wire::max_frame) lost(what, "malformed reply");
+    if (n == 0 || n > wire::max_frame) lost(what, "malformed reply", EPROTO);
     return wire::reader(read_exact(n));
   }
 
-  [[noreturn]] void lost(const char* what, const std::string& why) {
+  // The error's backend code tells a silent store (ETIMEDOUT: stopped, or cut off) from one
+  // that is gone (ECONNRESET, ECONNREFUSED, ...: its process ended).
+  [[noreturn]] void lost(const char* what, const std::string& why, int code) {
     fd_.reset();
+    lost_code_ = code;
     throw transport_error("lost the rendezvous store at " + address() + ": " + why,
-                          error_site::of(std::string("store ") + what));
+                          error_site::of(std::string("store ") + what), code);
   }
   void check(wire::status s, const wire::reader& r, const char* what) {
     if (s != wire::status::ok || !r.ok()) {
       std::lock_guard lock(mu_);
-      lost(what, "unexpected reply");
+      lost(what, "unexpected reply", EPROTO);
     }
   }
   void expect_ok(wire::reader r, const char* what) { check(static_cast<wire::status>(r.u8()), r, what); }
@@ -197,6 +212,7 @@ class tcp_store final : public store {
   options opt_;
   std::mutex mu_;
   detail::unique_fd fd_;
+  int lost_code_ = 0;  // why the connection was dropped (lost()'s code)
 };
 
 }  // namespace rendezvous

@@ -31,6 +31,11 @@ namespace rendezvous {
 
 /// @brief The store server. Listens on construction (so "port in use" is thrown there) and
 /// serves from a background thread until destroyed.
+///
+/// Keys set with `set_owned` are bound to the connection that set them and erased when it
+/// closes (for whatever reason: the process ended, it was killed, the client gave up), unless a
+/// later write took the key over: kftrun's agents tell a peer whose process is gone from one
+/// that is alive but silent this way.
 class tcp_store_server {
  public:
   struct options {
@@ -120,6 +125,7 @@ class tcp_store_server {
     wire::op wait_op = wire::op::get;
     std::vector<std::string> wait_keys;
     detail::clock::time_point deadline;
+    std::uint64_t id = 0;  // for the keys it owns (set_owned)
   };
 
   void run() {
@@ -166,7 +172,11 @@ class tcp_store_server {
       }
       expire_waiters(clients);
       drop_silent(clients);
-      std::erase_if(clients, [](const std::unique_ptr<client>& c) { return c->closing && c->out.empty(); });
+      std::erase_if(clients, [this](const std::unique_ptr<client>& c) {
+        if (!c->closing || !c->out.empty()) return false;
+        release(*c);
+        return true;
+      });
       connected_.store(static_cast<int>(clients.size()));
     }
   }
@@ -193,6 +203,7 @@ class tcp_store_server {
       c->fd = detail::unique_fd(fd);
       c->peer = detail::peer_name(fd);
       c->accepted = detail::clock::now();
+      c->id = ++next_id_;
       c->hello_by = c->accepted + opt_.hello_timeout;
       if (strangers >= opt_.max_unauthenticated && !shed_oldest(clients, "too many connections without a hello")) {
         drop(*c, "too many connections without a hello (all of them newer than " +
@@ -333,10 +344,13 @@ class tcp_store_server {
     wire::writer w;
     auto ok = [&]() -> wire::writer& { return w.u8(static_cast<std::uint8_t>(wire::status::ok)); };
     switch (o) {
-      case wire::op::set: {
+      case wire::op::set:
+      case wire::op::set_owned: {
         auto key = r.str();
         auto value = r.str();
         if (!r.ok()) break;
+        if (o == wire::op::set_owned) owners_.insert_or_assign(key, c.id);
+        else owners_.erase(key);
         data_.insert_or_assign(std::move(key), std::move(value));
         reply(c, ok().done());
         return;
@@ -367,6 +381,7 @@ class tcp_store_server {
           const auto v = detail::counter_add(it == data_.end() ? std::nullopt : std::optional<std::string>(it->second),
                                              key, "tcp store " + address(), delta);
           data_.insert_or_assign(key, std::to_string(v));
+          owners_.erase(key);
           reply(c, ok().i64(v).done());
         } catch (const usage_error& e) {
           reply(c, w.u8(static_cast<std::uint8_t>(wire::status::error)).str(e.detail()).done());
@@ -383,6 +398,7 @@ class tcp_store_server {
         const bool matches = has_expected ? (it != data_.end() && it->second == expected) : it == data_.end();
         if (matches) {
           data_.insert_or_assign(key, desired);
+          owners_.erase(key);
           reply(c, ok().u8(1).u8(1).str(desired).done());
         } else if (it != data_.end()) {
           reply(c, ok().u8(0).u8(1).str(it->second).done());
@@ -394,6 +410,7 @@ class tcp_store_server {
       case wire::op::erase: {
         const auto key = r.str();
         if (!r.ok()) break;
+        owners_.erase(key);
         reply(c, ok().u8(data_.erase(key) ? 1 : 0).done());
         return;
       }
@@ -418,6 +435,18 @@ class tcp_store_server {
              std::to_string(static_cast<int>(o)) + ")");
     c.closing = true;
     c.out.clear();
+  }
+
+  // A closed connection's owned keys go with it.
+  void release(const client& c) {
+    for (auto it = owners_.begin(); it != owners_.end();) {
+      if (it->second == c.id) {
+        data_.erase(it->first);
+        it = owners_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
 
   std::vector<std::string> missing(const client& c) const {
@@ -466,6 +495,8 @@ class tcp_store_server {
   detail::clock::time_point accept_paused_until_{};  // only touched by the server thread
   bool warned_fds_ = false;
   std::map<std::string, std::string, std::less<>> data_;  // only touched by the server thread
+  std::map<std::string, std::uint64_t> owners_;  // set_owned keys -> their connection's id (server thread)
+  std::uint64_t next_id_ = 0;  // (server thread)
   std::thread thread_;
 };
 

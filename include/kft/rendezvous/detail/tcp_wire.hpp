@@ -17,7 +17,9 @@ namespace rendezvous {
 
 namespace wire {
 
-enum class op : std::uint8_t { hello = 1, set, get, wait, add, cas, erase, ping, keys };
+// set_owned: a set whose key the server erases when the connection that set it closes (see
+// tcp_store::set_owned).
+enum class op : std::uint8_t { hello = 1, set, get, wait, add, cas, erase, ping, keys, set_owned };
 enum class status : std::uint8_t { ok = 0, denied = 1, timeout = 2, error = 3 };
 
 /// Largest frame accepted after authentication, and before it.
