@@ -421,6 +421,101 @@ def sbatch_slurm():
     print("sbatch_slurm: the generated script ran 4 ranks on 2 Slurm nodes")
 
 
+def exit_classes():
+    """kftrun's exit classes {name: status}, from tools/kftrun/exit_codes.hpp (a drift fails here)."""
+    import re
+    with open(os.path.join(REPO, "tools", "kftrun", "exit_codes.hpp")) as f:
+        text = f.read()
+    found = {m.group(1): int(m.group(2)) for m in re.finditer(r"inline constexpr int (\w+) = (\d+);", text)}
+    base = found.pop("signalled_base")
+    found.update(preempted=base + 15, sigint=base + 2, sighup=base + 1)
+    return found
+
+
+def jobset_action(runtime, reason, message):
+    """What JobSet does with a failed child Job: the first rule whose reasons and patterns
+    match (an empty list matches anything), else RestartJobSet (jobset's failure_policy)."""
+    import re
+    for rule in runtime["spec"]["template"]["spec"].get("failurePolicy", {}).get("rules", []):
+        reasons, patterns = rule.get("onJobFailureReasons") or [], rule.get("onJobFailureMessagePatterns") or []
+        if reasons and reason not in reasons:
+            continue
+        if patterns and not any(re.search(p, message) for p in patterns):
+            continue
+        if "node" not in (rule.get("targetReplicatedJobs") or ["node"]):
+            continue
+        return rule["action"]
+    return "RestartJobSet"
+
+
+def job_failure(job_spec, exit_code=None, condition=None, pod="default/kft-torch-node-0-1-abcde"):
+    """The Job's failure (reason, message) when its pod fails so, as Kubernetes' Job controller
+    writes it (pkg/controller/job/pod_failure_policy.go), or None when the Job does not fail."""
+    for index, rule in enumerate(job_spec.get("podFailurePolicy", {}).get("rules", [])):
+        codes, conds = rule.get("onExitCodes"), rule.get("onPodConditions")
+        if codes is not None and exit_code not in (None, 0):
+            if codes.get("containerName") not in (None, "node"):
+                continue
+            inside = exit_code in codes["values"]
+            if inside == (codes["operator"] == "In"):
+                if rule["action"] == "FailJob":
+                    return ("PodFailurePolicy", f"Container node for pod {pod} failed with exit code {exit_code} "
+                                                f"matching FailJob rule at index {index}")
+                return None if rule["action"] == "Ignore" else ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+        if conds is not None and condition is not None:
+            if any(c["type"] == condition and c.get("status", "True") == "True" for c in conds):
+                if rule["action"] == "FailJob":
+                    return ("PodFailurePolicy", f"Pod {pod} has condition {condition} matching FailJob rule at index {index}")
+                return None if rule["action"] == "Ignore" else ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    if job_spec.get("backoffLimit", 6) == 0:
+        return ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    return None  # the pod is retried
+
+
+def failure_rules():
+    """The runtime's rules send each of kftrun's exit classes to the intended JobSet action."""
+    text = tool("runtime", "--runtime", "kft-torch", "--image", "r/kft:1", "--max-restarts", "3").stdout
+    validate(text, "the runtime with its failure rules")
+    rt = yaml.safe_load(text)
+    job = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+    expect(job["template"]["spec"].get("restartPolicy") == "Never" and job.get("backoffLimit") == 0,
+           "the node Job: restartPolicy Never (podFailurePolicy needs it), backoffLimit 0", job)
+    x = exit_classes()
+    intended = {
+        "worker_failed": "RestartJobSet", "rank_lost": "RestartJobSet", "hang": "RestartJobSet",
+        "usage": "FailJobSet", "cannot_start": "FailJobSet",
+        "node_lost": "RestartJobSetAndIgnoreMaxRestarts", "preempted": "RestartJobSetAndIgnoreMaxRestarts",
+        "sigint": "RestartJobSet", "sighup": "RestartJobSet",
+    }
+    expect(set(intended) == set(x) - {"success"}, "every class of exit_codes.hpp has an intended action here",
+           sorted(x), sorted(intended))
+    for name, action in intended.items():
+        reason, message = job_failure(job, exit_code=x[name])
+        got = jobset_action(rt, reason, message)
+        expect(got == action, f"kftrun exit {x[name]} ({name}) -> {action}", got, reason, message)
+        print(f"ok: exit {x[name]} ({name}): Job {reason} -> JobSet {got}")
+    reason, message = job_failure(job, condition="DisruptionTarget", exit_code=137)
+    got = jobset_action(rt, reason, message)
+    expect(got == "RestartJobSetAndIgnoreMaxRestarts", "a pod killed after its grace with DisruptionTarget (137) "
+           "restarts without counting", got, reason, message)
+    print(f"ok: DisruptionTarget, exit 137: Job {reason} -> JobSet {got}")
+    # The comment at the top lists the same mapping.
+    for name, action in intended.items():
+        expect(f"#   {x[name]} " in text and action in text.split(f"#   {x[name]} ")[1].split("\n")[0],
+               f"the runtime's header comment says exit {x[name]} -> {action}", text[:1500])
+    # --no-failure-rules: the runtime of before (no rules, no podFailurePolicy).
+    plain = yaml.safe_load(tool("runtime", "--runtime", "kft-torch", "--image", "r/kft:1", "--no-failure-rules").stdout)
+    pjob = plain["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+    expect("failurePolicy" not in plain["spec"]["template"]["spec"] and "podFailurePolicy" not in pjob and
+           "restartPolicy" not in pjob["template"]["spec"], "--no-failure-rules leaves them out", plain)
+    # MPIJob: no exit-code rules exist there; the launcher's backoffLimit is written explicitly.
+    mpi = yaml.safe_load(tool("mpijob", *BASE, *PROGRAM).stdout)
+    expect(mpi["spec"]["runPolicy"].get("backoffLimit") == 0, "an MPIJob's backoffLimit is 0 unless --max-restarts",
+           mpi["spec"]["runPolicy"])
+    mpi = yaml.safe_load(tool("mpijob", *BASE, "--max-restarts", "2", *PROGRAM).stdout)
+    expect(mpi["spec"]["runPolicy"].get("backoffLimit") == 2, "and --max-restarts sets it", mpi["spec"]["runPolicy"])
+
+
 def templates():
     """k8s-templates/ are exactly what the tool writes today."""
     gen = os.path.join(REPO, "k8s-templates", "generate.sh")
@@ -441,7 +536,7 @@ def templates():
 
 
 SCENARIOS = {f.__name__: f for f in [matrix, negative_validator, roundtrip, bad_input, bad_yaml_types, job_file,
-                                     trainjob_env, mpijob_launcher, sbatch_slurm, templates]}
+                                     failure_rules, trainjob_env, mpijob_launcher, sbatch_slurm, templates]}
 
 if __name__ == "__main__":
     SCENARIOS[SCENARIO]()

@@ -216,7 +216,44 @@ def m_env(*entries):
     return mutate
 
 
+def m_pod_failure_policy(values, restart="Never", operator="In", container="node"):
+    """Mutation: the runtime's node Job gets a podFailurePolicy with one onExitCodes rule."""
+    def mutate(doc):
+        job = rt_job(doc, "node")["template"]["spec"]
+        job["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": {
+            "containerName": container, "operator": operator, "values": values}}]}
+        if restart is not None:
+            job["template"]["spec"]["restartPolicy"] = restart
+    return mutate
+
+
+def m_jobset_rule(**rule):
+    def mutate(doc):
+        doc["spec"]["template"]["spec"]["failurePolicy"] = {"rules": [dict({"action": "FailJobSet"}, **rule)]}
+    return mutate
+
+
+
 NEGATIVES = [
+    # Failure rules (kft-manifest runtime writes them; docs/kubernetes.md "Failure rules")
+    ("podFailurePolicy without restartPolicy Never", TORCH_RT, m_pod_failure_policy([2], restart=None),
+     "podFailurePolicy needs the pod's restartPolicy Never", None),
+    ("podFailurePolicy with restartPolicy OnFailure", TORCH_RT, m_pod_failure_policy([2], restart="OnFailure"),
+     "podFailurePolicy needs the pod's restartPolicy Never", None),
+    ("onExitCodes values unsorted", TORCH_RT, m_pod_failure_policy([127, 2]),
+     "values must be sorted ascending and unique", None),
+    ("onExitCodes values duplicated", TORCH_RT, m_pod_failure_policy([2, 2]),
+     "values must be sorted ascending and unique", None),
+    ("onExitCodes 0 with In", TORCH_RT, m_pod_failure_policy([0, 2]), "value 0 cannot be used with operator In", None),
+    ("onExitCodes unknown container", TORCH_RT, m_pod_failure_policy([2], container="main"),
+     "container 'main' does not exist", None),
+    ("JobSet rule name with a dash", TORCH_RT, m_jobset_rule(name="kft-usage"), "rule name 'kft-usage' does not match",
+     "$.spec.template.spec.failurePolicy.rules[0].name"),
+    ("JobSet rule name ending in a colon", TORCH_RT, m_jobset_rule(name="kft:"), "does not match", None),
+    ("JobSet rule unknown target", TORCH_RT, m_jobset_rule(name="r", targetReplicatedJobs=["nodes"]),
+     "replicated job 'nodes' does not exist", None),
+    ("JobSet rule bad pattern", TORCH_RT, m_jobset_rule(name="r", onJobFailureMessagePatterns=["exit code (2"]),
+     "not a regular expression", None),
     # (case, base, mutation, expected message fragment, expected path prefix or None)
     ("numProcPerNode auto", TRAINJOB, m_set(["spec", "trainer", "numProcPerNode"], "auto"),
      "'auto' is not of type 'integer'", "$.spec.trainer.numProcPerNode"),

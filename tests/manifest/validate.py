@@ -685,6 +685,8 @@ def check_runtime(doc):
             doc.add(["spec", "template", "spec", "successPolicy", "targetReplicatedJobs", t],
                     "replicated job '%s' does not exist" % target)
 
+    check_failure_rules(doc, spec, jobs)
+
     # Trainer runtime webhook: ancestor-labelled jobs
     by_step = {}
     for name, (i, job) in sorted(jobs.items(), key=lambda kv: kv[1][0]):
@@ -727,6 +729,78 @@ def check_runtime(doc):
         elif "node" not in pod_containers(job_pod_spec(jobs["node"][1])):
             doc.add(rjobs_path + [jobs["node"][0]], "replicated job 'node' must have a container "
                     "named 'node'")
+
+
+# JobSet's failure policy rule names (its webhook and the CRD's description).
+JOBSET_RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+
+
+def check_failure_rules(doc, spec, jobs):
+    """JobSet failurePolicy rules and the batch Jobs' podFailurePolicy: what the API server's
+    validation (Job) and JobSet's webhook refuse that the CRD schema lets through."""
+    fp_path = ["spec", "template", "spec", "failurePolicy"]
+    names = {}
+    for r, rule in enumerate(as_list(get(spec, "template", "spec", "failurePolicy", "rules"))):
+        if not isinstance(rule, dict):
+            continue
+        rpath = fp_path + ["rules", r]
+        name = rule.get("name")
+        if isinstance(name, str):
+            if not JOBSET_RULE_NAME.match(name):
+                doc.add(rpath + ["name"], "rule name '%s' does not match %s" % (name, JOBSET_RULE_NAME.pattern))
+            elif name in names:
+                doc.add(rpath + ["name"], "rule name '%s' is used twice (first at rules[%d])" % (name, names[name]))
+            names.setdefault(name, r)
+        for t, target in enumerate(as_list(rule.get("targetReplicatedJobs"))):
+            if isinstance(target, str) and target not in jobs:
+                doc.add(rpath + ["targetReplicatedJobs", t], "replicated job '%s' does not exist" % target)
+        for m, pattern in enumerate(as_list(rule.get("onJobFailureMessagePatterns"))):
+            try:
+                re.compile(pattern)  # Python's re stands in for Go's RE2 (their common subset)
+            except (re.error, TypeError) as exc:
+                doc.add(rpath + ["onJobFailureMessagePatterns", m], "not a regular expression: %s" % exc)
+    for name, (i, job) in jobs.items():
+        jpath = ["spec", "template", "spec", "replicatedJobs", i, "template", "spec"]
+        job_spec = as_dict(get(job, "template", "spec"))
+        pfp = job_spec.get("podFailurePolicy")
+        if not isinstance(pfp, dict):
+            continue
+        pod_spec = as_dict(job_pod_spec(job))
+        if pod_spec.get("restartPolicy") != "Never":
+            doc.add(jpath + ["template", "spec", "restartPolicy"],
+                    "podFailurePolicy needs the pod's restartPolicy Never, set explicitly (JobSet's webhook "
+                    "defaults it to OnFailure; found %s)" % pod_spec.get("restartPolicy", "none"))
+        if job_spec.get("podReplacementPolicy") not in (None, "Failed"):
+            doc.add(jpath + ["podReplacementPolicy"], "with podFailurePolicy, podReplacementPolicy must be Failed")
+        rules = as_list(pfp.get("rules"))
+        if len(rules) > 20:
+            doc.add(jpath + ["podFailurePolicy", "rules"], "at most 20 rules (has %d)" % len(rules))
+        containers = pod_containers(pod_spec)
+        for r, rule in enumerate(rules):
+            if not isinstance(rule, dict):
+                continue
+            rpath = jpath + ["podFailurePolicy", "rules", r]
+            codes, conditions = rule.get("onExitCodes"), rule.get("onPodConditions")
+            if (codes is None) == (conditions is None):
+                doc.add(rpath, "exactly one of onExitCodes and onPodConditions is required")
+            if rule.get("action") == "FailIndex":
+                doc.add(rpath + ["action"], "FailIndex needs backoffLimitPerIndex")
+            if isinstance(codes, dict):
+                values = as_list(codes.get("values"))
+                ints = [v for v in values if is_int(v)]
+                if ints != sorted(set(ints)):
+                    doc.add(rpath + ["onExitCodes", "values"], "values must be sorted ascending and unique: %s" % values)
+                if codes.get("operator") == "In" and 0 in ints:
+                    doc.add(rpath + ["onExitCodes", "values"], "value 0 cannot be used with operator In")
+                if codes.get("operator") not in ("In", "NotIn"):
+                    doc.add(rpath + ["onExitCodes", "operator"], "operator must be In or NotIn")
+                cname = codes.get("containerName")
+                if isinstance(cname, str) and cname not in containers:
+                    doc.add(rpath + ["onExitCodes", "containerName"], "container '%s' does not exist in "
+                            "replicated job '%s'" % (cname, name))
+            for c, cond in enumerate(as_list(conditions)):
+                if isinstance(cond, dict) and cond.get("status", "True") not in ("True", "False", "Unknown"):
+                    doc.add(rpath + ["onPodConditions", c, "status"], "status must be True, False or Unknown")
 
 
 # --------------------------------------------------------------------------------------------

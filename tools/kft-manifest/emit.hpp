@@ -6,10 +6,13 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include <kft/manifest/job.hpp>
+
+#include "../kftrun/exit_codes.hpp"
 
 namespace manifest_tool {
 
@@ -179,8 +182,127 @@ inline std::string trainjob(const job& j) {
   return std::string(e.c_str()) + "\n";
 }
 
-inline std::string runtime(const job& j) {
+// ---- failure rules (docs/kubernetes.md, "Failure rules") ---------------------------------------
+//
+// kftrun's exit status is its failure class (tools/kftrun/exit_codes.hpp). The node Job's
+// podFailurePolicy turns the classes that must not simply count into a Job failure whose
+// message names the exit code; the JobSet's failurePolicy rules match that message. Kubernetes
+// writes it (pkg/controller/job/pod_failure_policy.go) as
+//   Container <container> for pod <namespace>/<pod> failed with exit code <code> matching FailJob rule at index <i>
+//   Pod <namespace>/<pod> has condition <type> matching FailJob rule at index <i>
+// and the Job's failure reason is then PodFailurePolicy. Any other failed pod fails the Job by
+// its backoffLimit (0: the first one) with reason BackoffLimitExceeded, which no rule below
+// matches: JobSet's default, RestartJobSet, counted against maxRestarts.
+
+struct pod_rule {  // one podFailurePolicy rule: FailJob on these exit codes, or on a pod condition
+  std::vector<int> exit_codes;  // sorted, unique, no 0 (Kubernetes' rules for `In`)
+  std::string condition;        // or: this pod condition (status True)
+};
+
+struct jobset_rule {
+  std::string name;    // ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$
+  std::string action;  // FailJobSet, RestartJobSetAndIgnoreMaxRestarts, ...
+  std::vector<pod_rule> on;  // the pod failures it catches
+};
+
+inline constexpr const char* node_container = "node";  // the runtime's (and Trainer's) container name
+
+inline std::vector<jobset_rule> failure_rules() {
+  namespace x = kftrun::exit_code;
+  return {
+      // Nothing a restart can fix: bad input, a program that is not there.
+      {"kft_usage_or_cannot_start", "FailJobSet", {{{x::usage, x::cannot_start}, ""}}},
+      // Not the job's fault: a preemption or eviction (SIGTERM, or the pod's DisruptionTarget
+      // condition) or another node's agent that vanished.
+      {"kft_preempted_or_node_lost",
+       "RestartJobSetAndIgnoreMaxRestarts",
+       {{{x::node_lost, x::preempted}, ""}, {{}, "DisruptionTarget"}}},
+  };
+}
+
+// "(2|127)"
+inline std::string alternatives(const std::vector<int>& codes) {
+  std::string s;
+  for (int c : codes) s += (s.empty() ? "(" : "|") + std::to_string(c);
+  return s + ")";
+}
+
+// The regular expression (RE2) matching the Job failure message of a FailJob pod rule.
+inline std::string message_pattern(const pod_rule& r) {
+  if (!r.condition.empty()) return "^Pod [^ ]+ has condition " + r.condition + " matching FailJob rule at index [0-9]+$";
+  return std::string("^Container ") + node_container + " for pod [^ ]+ failed with exit code " +
+         alternatives(r.exit_codes) + " matching FailJob rule at index [0-9]+$";
+}
+
+// The batch Job's side: backoffLimit 0, restartPolicy Never (podFailurePolicy requires it), and
+// one FailJob rule per pod_rule, in order.
+inline void pod_failure_policy(YAML::Emitter& e, const std::vector<jobset_rule>& rules) {
+  e << YAML::Key << "podFailurePolicy" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "rules" << YAML::Value << YAML::BeginSeq;
+  for (const auto& rule : rules)
+    for (const auto& r : rule.on) {
+      e << YAML::BeginMap;
+      kv(e, "action", "FailJob");
+      if (r.condition.empty()) {
+        auto codes = r.exit_codes;
+        std::sort(codes.begin(), codes.end());
+        codes.erase(std::unique(codes.begin(), codes.end()), codes.end());
+        e << YAML::Key << "onExitCodes" << YAML::Value << YAML::BeginMap;
+        kv(e, "containerName", node_container);
+        kv(e, "operator", "In");
+        e << YAML::Key << "values" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+        for (int c : codes) e << c;
+        e << YAML::EndSeq << YAML::EndMap;
+      } else {
+        e << YAML::Key << "onPodConditions" << YAML::Value << YAML::BeginSeq << YAML::BeginMap;
+        kv(e, "type", r.condition);
+        kv(e, "status", "True");
+        e << YAML::EndMap << YAML::EndSeq;
+      }
+      e << YAML::EndMap;
+    }
+  e << YAML::EndSeq << YAML::EndMap;
+}
+
+inline void jobset_failure_rules(YAML::Emitter& e, const std::vector<jobset_rule>& rules) {
+  e << YAML::Key << "rules" << YAML::Value << YAML::BeginSeq;
+  for (const auto& rule : rules) {
+    e << YAML::BeginMap;
+    kv(e, "name", rule.name);
+    kv(e, "action", rule.action);
+    e << YAML::Key << "onJobFailureReasons" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    text(e, "PodFailurePolicy");
+    e << YAML::EndSeq;
+    e << YAML::Key << "onJobFailureMessagePatterns" << YAML::Value << YAML::BeginSeq;
+    for (const auto& r : rule.on) text(e, message_pattern(r));
+    e << YAML::EndSeq;
+    e << YAML::Key << "targetReplicatedJobs" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    text(e, "node");
+    e << YAML::EndSeq;
+    e << YAML::EndMap;
+  }
+  e << YAML::EndSeq;
+}
+
+// kftrun's classes in one comment line each, with what the rules do with them.
+inline std::string classes_comment(const std::vector<jobset_rule>& rules) {
+  std::string c = "kftrun's exit statuses (tools/kftrun/exit_codes.hpp) and what the failure rules below do with them:";
+  for (const auto& k : kftrun::exit_code::all) {
+    if (k.status == kftrun::exit_code::success) continue;
+    std::string action = "RestartJobSet (counted against maxRestarts)";
+    for (const auto& rule : rules)
+      for (const auto& r : rule.on)
+        if (std::find(r.exit_codes.begin(), r.exit_codes.end(), k.status) != r.exit_codes.end())
+          action = rule.action + " (" + rule.name + ")";
+    c += "\n  " + std::to_string(k.status) + " " + std::string(k.name) + ": " + action;
+  }
+  return c + "\n  pod condition DisruptionTarget (preempted, evicted): RestartJobSetAndIgnoreMaxRestarts";
+}
+
+inline std::string runtime(const job& j, bool with_failure_rules = true) {
+  const auto rules = with_failure_rules ? failure_rules() : std::vector<jobset_rule>{};
   YAML::Emitter e;
+  if (with_failure_rules) e << YAML::Comment(classes_comment(rules)) << YAML::Newline;
   e << YAML::BeginMap;
   head(e, "trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime", j.runtime, "");  // cluster-scoped
   e << YAML::Key << "labels" << YAML::Value << YAML::BeginMap;
@@ -206,9 +328,10 @@ inline std::string runtime(const job& j) {
   e << YAML::Key << "template" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "spec" << YAML::Value << YAML::BeginMap;
   if (j.ttl) e << YAML::Key << "ttlSecondsAfterFinished" << YAML::Value << *j.ttl;
-  if (j.max_restarts) {
+  if (j.max_restarts || with_failure_rules) {
     e << YAML::Key << "failurePolicy" << YAML::Value << YAML::BeginMap;
-    e << YAML::Key << "maxRestarts" << YAML::Value << *j.max_restarts;
+    if (j.max_restarts) e << YAML::Key << "maxRestarts" << YAML::Value << *j.max_restarts;
+    if (with_failure_rules) jobset_failure_rules(e, rules);
     e << YAML::EndMap;
   }
   e << YAML::Key << "replicatedJobs" << YAML::Value << YAML::BeginSeq << YAML::BeginMap;
@@ -219,11 +342,17 @@ inline std::string runtime(const job& j) {
   kv(e, "trainer.kubeflow.org/trainjob-ancestor-step", "trainer");
   e << YAML::EndMap << YAML::EndMap;
   e << YAML::Key << "spec" << YAML::Value << YAML::BeginMap;
+  if (with_failure_rules) {
+    e << YAML::Key << "backoffLimit" << YAML::Value << 0;  // the first failed pod fails the Job
+    pod_failure_policy(e, rules);
+  }
   e << YAML::Key << "template" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "spec" << YAML::Value << YAML::BeginMap;
+  // podFailurePolicy needs restartPolicy Never, set here: JobSet's webhook would default it to OnFailure.
+  if (with_failure_rules) kv(e, "restartPolicy", "Never");
   if (!j.scheduler_name.empty()) kv(e, "schedulerName", j.scheduler_name);
   e << YAML::Key << "containers" << YAML::Value << YAML::BeginSeq << YAML::BeginMap;
-  kv(e, "name", "node");
+  kv(e, "name", node_container);
   kv(e, "image", j.image);
   if (!j.image_pull_policy.empty()) kv(e, "imagePullPolicy", j.image_pull_policy);
   if (!j.program.empty()) {
@@ -236,8 +365,15 @@ inline std::string runtime(const job& j) {
   return std::string(e.c_str()) + "\n";
 }
 
-inline std::string mpijob(const job& j) {
+inline std::string mpijob(const job& j, bool with_failure_rules = true) {
   YAML::Emitter e;
+  // MPI Operator v0.8 has no exit-code rules: what it can express is below (docs/kubernetes.md).
+  if (with_failure_rules)
+    e << YAML::Comment(
+             "Failure handling: MPIJob v2beta1 has no field for exit-code rules (podFailurePolicy), and the launcher's\n"
+             "status is mpirun's, not one of kftrun's classes: a failed launcher counts against runPolicy.backoffLimit\n"
+             "(--max-restarts; written as 0 when not given, instead of the Job default of 6). docs/kubernetes.md")
+      << YAML::Newline;
   e << YAML::BeginMap;
   head(e, "kubeflow.org/v2beta1", "MPIJob", j.name, j.ns);
   job_labels(e, j);
@@ -249,7 +385,7 @@ inline std::string mpijob(const job& j) {
   kv(e, "sshAuthMountPath", j.ssh_mount_path);
   e << YAML::Key << "runPolicy" << YAML::Value << YAML::BeginMap;
   kv(e, "cleanPodPolicy", "Running");
-  if (j.max_restarts) e << YAML::Key << "backoffLimit" << YAML::Value << *j.max_restarts;
+  if (j.max_restarts || with_failure_rules) e << YAML::Key << "backoffLimit" << YAML::Value << j.max_restarts.value_or(0);
   if (j.ttl) e << YAML::Key << "ttlSecondsAfterFinished" << YAML::Value << *j.ttl;
   if (j.active_deadline) e << YAML::Key << "activeDeadlineSeconds" << YAML::Value << *j.active_deadline;
   if (!j.queue.empty() || !j.priority_class.empty() || j.gang_scheduling != kft::manifest::gang::none) {

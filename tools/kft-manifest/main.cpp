@@ -404,6 +404,7 @@ int main(int argc, char** argv) {
   std::string job_file, out, gang, ttl, max_restarts, deadline;
   std::vector<std::string> env, labels, annotations;
   std::vector<CLI::Option*> given;
+  bool no_failure_rules = false;
   auto add_common = [&](CLI::App* s) {
     auto o = [&](CLI::Option* opt) { given.push_back(opt); return opt; };
     s->add_option("--job-file", job_file, "YAML job file with the same fields as these flags");
@@ -427,6 +428,8 @@ int main(int argc, char** argv) {
     o(s->add_option("--max-restarts", max_restarts, "restarts of the whole job (JobSet maxRestarts, MPIJob backoffLimit)"));
     o(s->add_option("--active-deadline", deadline, "seconds the job may run"));
     o(s->add_option("--ttl", ttl, "seconds to keep a finished job"));
+    s->add_flag("--no-failure-rules", no_failure_rules,
+                "runtime, mpijob: leave out the failure rules keyed on kftrun's exit classes (docs/kubernetes.md)");
     o(s->add_option("--ssh-mount-path", cli.ssh_mount_path, "MPIJob: where the ssh keys are mounted"));
     o(s->add_option("--runtime", cli.runtime, "ClusterTrainingRuntime name (default: kft-torch)"));
     o(s->add_option("--label", labels, "label K=V on the job and its pods (repeatable)"));
@@ -532,10 +535,10 @@ int main(int argc, char** argv) {
       text = manifest_tool::trainjob(j);
     } else if (*runtime) {
       kft::manifest::validate(j, target::runtime, from);
-      text = manifest_tool::runtime(j);
+      text = manifest_tool::runtime(j, !no_failure_rules);
     } else if (*mpijob) {
       kft::manifest::validate(j, target::mpijob, from);
-      text = manifest_tool::mpijob(j);
+      text = manifest_tool::mpijob(j, !no_failure_rules);
     } else {
       kft::manifest::validate(j, target::sbatch, from);
       text = manifest_tool::sbatch(j);
