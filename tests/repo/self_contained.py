@@ -25,8 +25,9 @@ parent = os.path.dirname(repo)
 patterns = [
     (re.compile(r"\.\./(\.\./)*shared\b"), "a sibling checkout (../shared)", ""),
     (re.compile(r"(?<![\w.])\.\./\.\./\.\./"), "a path three levels up", ""),
-    # (not in YAML manifests: paths inside a container image, such as an MPIJob's /home/mpiuser)
-    (re.compile(r"/home/[A-Za-z0-9_.-]+/|(?<![\w.])/root/"), "a home directory", "no-yaml"),
+    # (not in YAML manifests, and not the MPI Operator's paths inside a container image, which
+    # kft-manifest and tools/image/ write: /home/mpiuser/ and /root/.ssh)
+    (re.compile(r"/home/(?!mpiuser/)[A-Za-z0-9_.-]+/|(?<![\w.])/root/(?!\.ssh\b)"), "a home directory", "no-yaml"),
 ]
 if parent not in ("/", ""):
     patterns.append((re.compile(re.escape(parent.rstrip("/") + "/")), "this machine's parent directory " + parent, ""))

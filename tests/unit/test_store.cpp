@@ -291,6 +291,25 @@ BOOST_AUTO_TEST_CASE(connect_retries_until_the_server_appears) {
   BOOST_TEST(*client.try_get("k") == "v");
 }
 
+// A store bound to a name DNS does not know (yet): with resolve_timeout it keeps asking until
+// then and names the address; without, it refuses at once. (".invalid" never resolves, RFC 6761.)
+BOOST_AUTO_TEST_CASE(listen_resolves_its_name_until_the_resolve_timeout) {
+  rdzv::tcp_store_server::options o{"kft-store-test.invalid", 0, "t", {}};
+  o.resolve_timeout = 600ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    rdzv::tcp_store_server s(o);
+    BOOST_FAIL("a store bound to an unknown name was created");
+  } catch (const kft::config_error& e) {
+    BOOST_TEST(std::string(e.what()).find("kft-store-test.invalid") != std::string::npos, e.what());
+    BOOST_TEST(std::string(e.what()).find("store listen") != std::string::npos, e.what());
+  }
+  const auto tried = std::chrono::steady_clock::now() - t0;
+  BOOST_TEST(tried >= 300ms, "gave up after " << std::chrono::duration<double>(tried).count() << " s");
+  o.resolve_timeout = 0ms;
+  BOOST_CHECK_THROW(rdzv::tcp_store_server{o}, kft::config_error);
+}
+
 BOOST_AUTO_TEST_CASE(server_gone_is_reported_as_lost_store) {
   auto server = std::make_unique<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", 0, "t", {}});
   rdzv::tcp_store::options o;

@@ -397,6 +397,7 @@ inline std::string mpijob(const job& j, bool with_failure_rules = true) {
   }
   e << YAML::EndMap;
   e << YAML::Key << "mpiReplicaSpecs" << YAML::Value << YAML::BeginMap;
+  const bool mpiuser = j.ssh_mount_path == "/home/mpiuser/.ssh";  // the default, kft's image's layout
   auto pod = [&](const char* role, bool launcher) {
     e << YAML::Key << role << YAML::Value << YAML::BeginMap;
     e << YAML::Key << "replicas" << YAML::Value << (launcher ? 1 : j.nodes);
@@ -415,7 +416,18 @@ inline std::string mpijob(const job& j, bool with_failure_rules = true) {
       cmd.insert(cmd.end(), j.program.begin(), j.program.end());
       e << YAML::Key << "command" << YAML::Value;
       string_list(e, cmd);
-    }  // workers: no command, so the operator runs sshd
+    } else if (mpiuser) {
+      // The MPI Operator's non-root layout (its base image and examples): sshd as uid 1000 on port
+      // 2222 with the mounted key as host key. Left without a command, the operator would run
+      // `/usr/sbin/sshd -De`, root's sshd, which looks for keys under /root/.ssh.
+      e << YAML::Key << "command" << YAML::Value;
+      string_list(e, {"/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config"});
+    }  // --ssh-mount-path /root/.ssh: no command, so the operator runs root's sshd
+    if (mpiuser) {
+      e << YAML::Key << "securityContext" << YAML::Value << YAML::BeginMap;
+      e << YAML::Key << "runAsUser" << YAML::Value << 1000;
+      e << YAML::EndMap;
+    }
     if (!j.env.empty()) {
       e << YAML::Key << "env" << YAML::Value;
       env_list(e, j, false);

@@ -123,9 +123,10 @@ inline int worker_failure_class(const exit_info& e, bool could_not_start) {
 }
 
 /// A free TCP port on `host` (bound and released; the workers' rank 0 binds it soon after,
-/// as with torchrun).
-inline int free_port(const std::string& host) {
-  auto fd = rdzv::detail::listen_on(host, 0);
+/// as with torchrun). `host` is resolved until `resolve_timeout` has passed (a lookup can fail
+/// for a moment while the cluster's DNS reloads).
+inline int free_port(const std::string& host, std::chrono::milliseconds resolve_timeout) {
+  auto fd = rdzv::detail::listen_on(host, 0, rdzv::detail::clock::now() + resolve_timeout);
   return rdzv::detail::local_port(fd.get());
 }
 
@@ -137,9 +138,10 @@ class agent {
   int run() {
     std::unique_ptr<rdzv::tcp_store_server> server;
     if (opt_.node_rank == 0) {
-      server = std::make_unique<rdzv::tcp_store_server>(
-          rdzv::tcp_store_server::options{opt_.master_addr, opt_.master_port, opt_.token,
-                                          [who = who()](const std::string& line) { kft::log::warn(who, line); }});
+      rdzv::tcp_store_server::options serve{opt_.master_addr, opt_.master_port, opt_.token,
+                                            [who = who()](const std::string& line) { kft::log::warn(who, line); }};
+      serve.resolve_timeout = opt_.rdzv_timeout;  // its own name may not be in DNS yet (a pod just started)
+      server = std::make_unique<rdzv::tcp_store_server>(std::move(serve));
       opt_.master_port = server->port();
       log(kft::log::level::debug, "store listening on " + opt_.master_addr + ":" + std::to_string(opt_.master_port) +
                                       " (run id \"" + opt_.run_id + "\")");
@@ -310,7 +312,7 @@ class agent {
         std::istringstream in(*store_->try_get(keys[static_cast<std::size_t>(n)]));
         in >> nprocs[static_cast<std::size_t>(n)] >> hosts[static_cast<std::size_t>(n)];
       }
-      if (opt_.node_rank == 0) store_->set(key(attempt, "worker_port"), std::to_string(free_port(opt_.master_addr)));
+      if (opt_.node_rank == 0) store_->set(key(attempt, "worker_port"), std::to_string(free_port(opt_.master_addr, opt_.rdzv_timeout)));
       const auto wp = wait_or_signal({key(attempt, "worker_port")}, opt_.rdzv_timeout);
       if (wp == waited::signalled) {
         out.interrupted = true;
@@ -435,7 +437,7 @@ class agent {
             if (std::find(members.begin(), members.end(), 0) == members.end()) members.insert(members.begin(), 0);
             std::string text;
             for (int id : members) text += (text.empty() ? "" : " ") + std::to_string(id);
-            store_->set(key(round, "worker_port"), std::to_string(free_port(opt_.master_addr)));
+            store_->set(key(round, "worker_port"), std::to_string(free_port(opt_.master_addr, opt_.rdzv_timeout)));
             store_->set(ekey(round, "members"), text);
             break;
           }

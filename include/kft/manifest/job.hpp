@@ -26,11 +26,15 @@ namespace manifest {
 /// @brief Gang scheduling through a Trainer runtime's podGroupPolicy.
 enum class gang { none, coscheduling, volcano };
 
+/// @brief The image `tools/image/build.sh` builds and tags by default, `localhost/kft:<version>`
+/// (push it to a registry and pass `--image` for a real cluster: docs/kubernetes.md).
+inline std::string default_image() { return std::string("localhost/kft:") + KFT_VERSION_STRING; }
+
 /// @brief What the job is and needs; field names follow the tool's flags.
 struct job {
   std::string name;                          ///< --name: TrainJob/MPIJob/Slurm job name
   std::string ns = "default";                ///< --namespace
-  std::string image;                         ///< --image
+  std::string image = default_image();      ///< --image (default: what tools/image/build.sh builds)
   std::string image_pull_policy;             ///< --image-pull-policy: Always, IfNotPresent, Never (empty: cluster default)
   int nodes = 1;                             ///< --nodes
   int nproc_per_node = 1;                    ///< --nproc-per-node (MPI slots per node)
@@ -182,7 +186,7 @@ inline void validate(const job& j, target t, const origins& from = {}) {
     bad("--runtime", j.runtime, "must name a ClusterTrainingRuntime (1-253 characters)");
   if (k8s && !detail::dns1123_subdomain(j.ns) && !detail::dns1035(j.ns))
     bad("--namespace", j.ns, "is not a DNS-1123 label");
-  if (k8s && j.image.empty()) bad("--image", "", "is required for Kubernetes manifests");
+  if (k8s && j.image.empty()) bad("--image", "", "must name a container image (default: " + default_image() + ")");
   if (!j.image_pull_policy.empty() && j.image_pull_policy != "Always" && j.image_pull_policy != "IfNotPresent" &&
       j.image_pull_policy != "Never")
     bad("--image-pull-policy", j.image_pull_policy, "is not Always, IfNotPresent or Never");

@@ -57,6 +57,10 @@ class tcp_store_server {
     int max_unauthenticated = 0;
     /// How long a connection may wait for its hello to be read before a newer one can push it out.
     std::chrono::milliseconds shed_grace{250};
+    /// How long to keep trying to resolve `host` while DNS does not know it yet (a Kubernetes
+    /// pod binding its own name, which its headless service publishes a moment after the pod
+    /// starts); 0 = one try.
+    std::chrono::milliseconds resolve_timeout{0};
   };
 
   explicit tcp_store_server(options opt) : opt_(std::move(opt)) {
@@ -69,7 +73,9 @@ class tcp_store_server {
       const rlim_t fds = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? lim.rlim_cur : 1024;
       opt_.max_unauthenticated = static_cast<int>(std::clamp<rlim_t>(fds / 4, 8, 1024));
     }
-    listen_ = detail::listen_on(opt_.host, opt_.port);
+    listen_ = detail::listen_on(opt_.host, opt_.port,
+                                opt_.resolve_timeout.count() > 0 ? detail::clock::now() + opt_.resolve_timeout
+                                                                 : detail::clock::time_point{});
     port_ = detail::local_port(listen_.get());
     int pipefd[2];
     if (::pipe2(pipefd, O_CLOEXEC | O_NONBLOCK) != 0)

@@ -67,7 +67,7 @@ struct addrinfo_deleter {
 using unique_addrinfo = std::unique_ptr<addrinfo, addrinfo_deleter>;
 
 /// Resolves host:port for TCP. Throws config_error (the address is the user's input).
-inline unique_addrinfo resolve(const std::string& host, int port, bool passive) {
+inline unique_addrinfo resolve(const std::string& host, int port, bool passive, const char* site = "store connect") {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -77,8 +77,26 @@ inline unique_addrinfo resolve(const std::string& host, int port, bool passive) 
   const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
   if (rc != 0)
     throw config_error("address", host, std::string("cannot be resolved: ") + ::gai_strerror(rc),
-                       error_site::of("store connect"));
+                       error_site::of(site));
   return unique_addrinfo(res);
+}
+
+/// resolve(), tried again with backoff (20 ms doubling to 500 ms) while the name is unknown,
+/// until `deadline`: a Kubernetes pod's own name appears in its headless service's DNS a moment
+/// after the pod starts, and a store bound to that name must not fail for it. A deadline
+/// already passed (the default) means one try.
+inline unique_addrinfo resolve_until(const std::string& host, int port, bool passive, clock::time_point deadline,
+                                     const char* site) {
+  auto pause = std::chrono::milliseconds(20);
+  while (true) {
+    try {
+      return resolve(host, port, passive, site);
+    } catch (const config_error&) {
+      if (clock::now() + pause >= deadline) throw;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::milliseconds>(pause * 2, std::chrono::milliseconds(500));
+  }
 }
 
 inline void set_nonblocking(int fd, bool on) {
@@ -119,10 +137,12 @@ inline std::string peer_name(int fd) {
   return endpoint(host, port);
 }
 
-/// Binds and listens on host:port (port 0 = any free port).
+/// Binds and listens on host:port (port 0 = any free port), resolving `host` until
+/// `resolve_deadline` (see resolve_until; default: one try).
+/// @throws config_error when `host` cannot be resolved by then
 /// @throws transport_error naming the address, with a clear word for "already in use"
-inline unique_fd listen_on(const std::string& host, int port) {
-  auto res = resolve(host, port, true);
+inline unique_fd listen_on(const std::string& host, int port, clock::time_point resolve_deadline = {}) {
+  auto res = resolve_until(host, port, true, resolve_deadline, "store listen");
   int last = 0;
   for (addrinfo* a = res.get(); a != nullptr; a = a->ai_next) {
     unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
