@@ -310,13 +310,18 @@ BOOST_AUTO_TEST_CASE(listen_resolves_its_name_until_the_resolve_timeout) {
   BOOST_CHECK_THROW(rdzv::tcp_store_server{o}, kft::config_error);
 }
 
-BOOST_AUTO_TEST_CASE(server_gone_is_reported_as_lost_store) {
-  auto server = std::make_unique<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", 0, "t", {}});
+// Options of a client of `server` on this host with the token "t".
+static rdzv::tcp_store::options local_client_of(const rdzv::tcp_store_server& server) {
   rdzv::tcp_store::options o;
   o.host = "127.0.0.1";
-  o.port = server->port();
+  o.port = server.port();
   o.token = "t";
-  rdzv::tcp_store client(o);
+  return o;
+}
+
+BOOST_AUTO_TEST_CASE(server_gone_is_reported_as_lost_store) {
+  auto server = std::make_unique<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", 0, "t", {}});
+  rdzv::tcp_store client(local_client_of(*server));
   client.ping();
   std::thread killer([&] {
     std::this_thread::sleep_for(200ms);
@@ -334,10 +339,7 @@ BOOST_AUTO_TEST_CASE(server_gone_is_reported_as_lost_store) {
 // kftrun tells a store that is gone (node lost) from one that is silent (hang) by the code.
 BOOST_AUTO_TEST_CASE(a_gone_store_and_a_silent_one_have_different_codes) {
   auto server = std::make_unique<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", 0, "t", {}});
-  rdzv::tcp_store::options o;
-  o.host = "127.0.0.1";
-  o.port = server->port();
-  o.token = "t";
+  auto o = local_client_of(*server);
   rdzv::tcp_store client(o);
   client.ping();
   server.reset();
