@@ -152,8 +152,9 @@ missing=$(podman run --rm --network none "$tag" sh -c \
   'for f in /usr/local/bin/* /opt/kft/examples/*; do [ -x "$f" ] && ldd "$f" | sed -n "s#^\s*\(.*not found\)#$f: \1#p"; done' 2>&1) ||
   { refused=1; step "this host refuses to run the image's containers, so its libraries are not checked: $missing"; }
 if grep -q 'not found' <<<"$missing"; then
-  echo "image: libraries missing in $tag:" >&2
+  echo "image: libraries missing in $tag (the image is removed):" >&2
   echo "$missing" >&2
+  podman rmi --force "$tag" >/dev/null 2>&1 || true
   exit 1
 fi
 if [[ -n "$output" ]]; then
