@@ -26,7 +26,8 @@ test_pkgs=(libboost-test-dev
            libbenchmark-dev                            # bench/ddp_micro, Google Benchmark (smoke-tested)
            libtorch-dev                                # kft::libtorch: example 07 and its tests (PyTorch's C++ frontend)
            clang libclang-rt-14-dev                    # libFuzzer targets (tests/fuzz; the runtime is its own package)
-           podman runc mmdebstrap)                     # kft's image and the manifests' pods as containers (tests/containers)
+           podman runc mmdebstrap                      # kft's image and the manifests' pods as containers (tests/containers)
+           netavark aardvark-dns)                      # podman's pod network and its DNS (only Recommends of podman's)
 
 bench_pkgs=(python3-matplotlib)                        # bench/scripts/plot_perf.py (Debian's /usr/bin/python3)
 
