@@ -99,6 +99,13 @@ function(kft_add_header_tests target include_root)
   list(REMOVE_DUPLICATES libs)
   add_library(${target} OBJECT ${cxx_sources} ${cu_sources})
   target_link_libraries(${target} PRIVATE ${libs} kft_warnings)
+  # A header check proves that a header compiles on its own; it runs no code, so it needs no
+  # optimiser (and gives up no warning: GCC analyses only the functions a TU emits, and a header
+  # check emits almost none). Without it the 111 C++ checks took 190 CPU-s and the 11 nvcc ones
+  # 177 CPU-s, most of the latter in cicc optimising device code (communicator.cuh: cicc 11.0 s
+  # at its default level against 2.1 s at -O0, of 19.9 s in all).
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O0 -g0>
+                         $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-O0,-g0 -Xcicc=-O0 -Xptxas=-O0>)
   if(cu_sources)
     # kft::kft asks for C++20 of the C++ compiler only; nvcc needs it asked too (by flag: CMake
     # before 3.26 knows no CUDA_STANDARD 20 for nvcc).
