@@ -20,6 +20,11 @@
 #   --skip-if-refused  exit 77 (after building) when this host refuses to run the image's
 #                   containers (the test suite's fixture: the container tests then skip)
 #
+# Two builds with one --build-dir take turns (a lock in it). An image whose label
+# org.kft.inputs matches what this run would put in it (the root filesystem's key and the
+# staged programs' hashes) is kept, not imported again: tests/run-all.sh builds the test image
+# beside the suite, and the suite's fixture (the same command) then only checks it.
+#
 # What is where in the image:
 #   /usr/local/bin/{kftrun,kft-info,kft-manifest}
 #   /opt/kft/examples/{01-discover,02-rendezvous,03-allreduce,04-nodes,05-fashion-mnist}
@@ -66,6 +71,12 @@ done
 [[ -n "$sources" ]] || { echo "image: no Debian apt sources found (/etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list)" >&2; exit 1; }
 
 step() { printf 'image: [%s] %s\n' "$(date +%T)" "$*"; }
+mkdir -p "$build"
+exec 9>"$build/.image-build.lock"
+if ! flock -n 9; then
+  step "waiting for the other image build in $build (lock $build/.image-build.lock)"
+  flock -w 1800 9 || { echo "image: the other build in $build still holds its lock after 1800 s" >&2; exit 1; }
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -105,8 +116,18 @@ install -m 0644 "$src/LICENSE" "$src/NOTICE" "$stage/opt/kft/"
 
 # 2. The Debian root filesystem (cached by the hash of the package list and the sources).
 key=$( { printf '%s\n' "${packages[@]}"; cat "$sources"; } | sha256sum | cut -c1-16)
+# What the image would hold: that root filesystem and these files (stripped, so the same build
+# gives the same bytes). An image that already carries this label is kept.
+inputs=$( { echo "$key"; cd "$stage" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-16)
+current=0
+if [[ "$(podman image inspect --format '{{index .Labels "org.kft.inputs"}}' "$tag" 2>/dev/null)" == "$inputs" ]]; then
+  current=1
+  step "$tag already holds these programs on this root filesystem (org.kft.inputs=$inputs): kept"
+fi
 rootfs=$work/rootfs.tar
-if [[ -n "$cache" && -s "$cache.$key" ]]; then
+if ((current)); then
+  :
+elif [[ -n "$cache" && -s "$cache.$key" ]]; then
   step "reusing the Debian root filesystem $cache.$key"
   rootfs=$cache.$key
 else
@@ -132,6 +153,7 @@ else
 fi
 
 # 3. kft on top, and the image. tar appends the staging tree to a copy of the root filesystem.
+if ((!current)); then
 step "adding kft and importing $tag"
 cp "$rootfs" "$work/image.tar"
 # Only the paths the root filesystem lacks (a second entry for ./usr would be refused).
@@ -142,9 +164,14 @@ podman import \
   --change 'ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/bin:/usr/sbin:/bin:/sbin' \
   --change 'WORKDIR /opt/kft' \
   --change 'CMD ["/bin/bash"]' \
-  --change "LABEL org.opencontainers.image.title=kft org.opencontainers.image.version=$version org.opencontainers.image.licenses=Apache-2.0 org.opencontainers.image.description=kft-tools-and-examples-on-Debian-12" \
+  --change 'LABEL org.opencontainers.image.title=kft' \
+  --change "LABEL org.opencontainers.image.version=$version" \
+  --change 'LABEL org.opencontainers.image.licenses=Apache-2.0' \
+  --change 'LABEL org.opencontainers.image.description="kft tools and examples on Debian 12"' \
+  --change "LABEL org.kft.inputs=$inputs" \
   --message "kft $version: Debian 12 minbase + runtime packages + kft's tools and examples" \
   "$work/image.tar" "$tag" >/dev/null
+fi
 # Every program finds its libraries inside the image (a runtime package missing from the list
 # above would show here, not in a pod).
 refused=0
@@ -162,7 +189,7 @@ if [[ -n "$output" ]]; then
   podman save --format oci-archive -o "$output" "$tag"
 fi
 size=$(podman image inspect --format '{{.Size}}' "$tag")
-step "built $tag: $((size / 1000000)) MB ($(podman image inspect --format '{{.Id}}' "$tag" | cut -c1-12))"
+step "$( ((current)) && echo kept || echo built ) $tag: $((size / 1000000)) MB ($(podman image inspect --format '{{.Id}}' "$tag" | cut -c1-12))"
 if ((refused && skip_if_refused)); then
   echo "SKIP: containers cannot run here (see above): the container tests skip"
   exit 77
