@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// allgather_perf: nccl-tests' all_gather_perf for kft (harness.hpp has the rest). What is
+// allgather_perf: nccl-tests' all_gather_perf for kft (harness.cpp has the rest). What is
 // allgather's own: every rank sends `count` elements (rounded down to 16 bytes) and receives
 // all n pieces; busbw = algbw x (n-1)/n; in place the input is piece `rank` of the output.
 #include "harness.hpp"

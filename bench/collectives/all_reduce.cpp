@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// allreduce_perf: nccl-tests' all_reduce_perf for kft (harness.hpp has the table, flags,
+// allreduce_perf: nccl-tests' all_reduce_perf for kft (harness.cpp has the table, flags,
 // timing, peers and backends). What is allreduce's own: every rank sends and receives `count`
 // elements; busbw = algbw x 2(n-1)/n; in place reads and writes the receive buffer.
 #include "harness.hpp"

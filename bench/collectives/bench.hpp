@@ -2,8 +2,8 @@
 // bench.hpp: the run of one *_perf program, its state and its clock: the buffers, how calls are
 // timed (-n, -w, --min-time, -a: the ranks' times combined), --memcpy-beside, and the members
 // the other parts define (checks: `verify`; report.hpp: the table's header, footer and JSON;
-// peers.hpp: the peer columns and --latency; harness.hpp: the rows and the run). Part of
-// harness.hpp.
+// peers.hpp: the peer columns and --latency; harness.cpp: the rows and the run). Part of
+// harness.cpp.
 #pragma once
 
 #include <sys/resource.h>
@@ -17,6 +17,7 @@
 #include <ctime>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "checks.hpp"
 #include "control.hpp"
 #include "flags.hpp"
+#include "harness.hpp"
 #include "settings.hpp"
 
 namespace kft_bench {
@@ -75,23 +77,21 @@ class gloo_peer;  // peers.hpp
 
 // Bytes of each of the two buffers: the largest row of any type (recv also holds the in-place
 // input), at least 64, at least --latency-max.
-template <class C>
-std::size_t buffer_bytes(const settings& a, int n) {
+std::size_t buffer_bytes(const descriptor& c, const settings& a, int n) {
   std::size_t bytes = 64;
   for (auto t : a.types)
     for (std::size_t size = a.min_bytes; size <= a.max_bytes;) {
-      bytes = std::max(bytes, C::shape_of(size, kft::size_of(t), n).size());
+      bytes = std::max(bytes, c.shape_of(size, kft::size_of(t), n).size());
       if (!next_size(a, size)) break;
     }
   if (a.latency) bytes = std::max(bytes, a.latency_max);
   return bytes;
 }
 
-template <class C>
 class bench {
  public:
-  bench(const settings& s, control& ctl, backend& be, int rank, int nranks)
-      : a_(s), ctl_(ctl), be_(be), me_(rank), n_(nranks) {}
+  bench(const descriptor& c, const settings& s, control& ctl, backend& be, int rank, int nranks)
+      : c_(c), a_(s), ctl_(ctl), be_(be), me_(rank), n_(nranks) {}
 
   int run();
 
@@ -254,16 +254,16 @@ class bench {
 
   void collective(const void* in, void* out, std::size_t count, kft::dtype t, kft::op_kind op, int root,
                   const kft::options* o = nullptr) {
-    C::run(be_, in, out, count, t, op, root, o ? *o : opts_);
+    c_.run(be_, in, out, count, t, op, root, o ? *o : opts_);
   }
   std::pair<const void*, void*> in_place_buffers(const shape& sh, std::size_t es) const {
-    return C::in_place(static_cast<unsigned char*>(recv_), sh.count, es, me_);
+    return c_.in_place(static_cast<unsigned char*>(recv_), sh.count, es, me_);
   }
 
   template <class T>
   std::int64_t verify(const shape& sh, kft::dtype t, kft::op_kind op, int root, bool in_place, std::int64_t& changed);
   template <class T>
-  void run_rows(kft::dtype t, kft::op_kind op, int root);  // harness.hpp, as run()
+  void run_rows(kft::dtype t, kft::op_kind op, int root);  // harness.cpp, as run()
 
   void print_header();  // report.hpp, as print_footer, print_algos and write_json
   void print_footer();
@@ -278,6 +278,7 @@ class bench {
   void run_latency();
   void write_json();
 
+  const descriptor& c_;  // the collective measured
   const settings& a_;
   control& ctl_;
   backend& be_;
@@ -321,10 +322,9 @@ class bench {
   void set_args(int argc, char** argv) { argv_.assign(argv, argv + argc); }
 };
 
-template <class C>
 template <class T>
-std::int64_t bench<C>::verify(const shape& sh, kft::dtype t, kft::op_kind op, int root, bool in_place,
-                              std::int64_t& changed) {
+std::int64_t bench::verify(const shape& sh, kft::dtype t, kft::op_kind op, int root, bool in_place,
+                           std::int64_t& changed) {
   const pattern pt(t, op, n_);
   unsigned char* hs = be_.device() ? host_send_.data() : static_cast<unsigned char*>(send_);
   unsigned char* hr = be_.device() ? host_recv_.data() : static_cast<unsigned char*>(recv_);
@@ -337,7 +337,7 @@ std::int64_t bench<C>::verify(const shape& sh, kft::dtype t, kft::op_kind op, in
                  [&] { return in_place_buffers(sh, sizeof(T)); }};
   // Peers may still be reading this rank's buffers from the previous call (zero-copy).
   ctl_.barrier();
-  const std::int64_t wrong = C::template verify<T>(v, in_place);
+  const std::int64_t wrong = std::get<verify_fn<T>>(c_.verify)(v, in_place);
   changed += v.changed;
   return wrong;
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// broadcast_perf: nccl-tests' broadcast_perf for kft (harness.hpp has the rest). What is
+// broadcast_perf: nccl-tests' broadcast_perf for kft (harness.cpp has the rest). What is
 // broadcast's own: `count` elements from the root to every rank; busbw = algbw; in place the
 // root's receive buffer is its input.
 #include "harness.hpp"

@@ -2,7 +2,8 @@
 // checks.hpp: how a *_perf program checks its results (-c) before it times anything. Inputs are
 // small integers of rank and index, exact in every dtype; a check counts the output elements
 // that differ from what a correct reduction stores (f16/bf16 and `avg` on floats within a
-// 1-2 ulp tolerance), and the input elements an out-of-place call changed. Part of harness.hpp.
+// 1-2 ulp tolerance), and the input elements an out-of-place call changed. Part of
+// harness.cpp; a collective's file includes it too, for its `verify` (harness.hpp).
 #pragma once
 
 #include <algorithm>
@@ -92,7 +93,7 @@ T expected_reduced(const pattern& pt, std::size_t i) {
 }
 
 // Relative tolerance of a check: 0 (exact) unless rounding can legitimately differ.
-double tolerance(kft::dtype t, kft::op_kind op) {
+inline double tolerance(kft::dtype t, kft::op_kind op) {
   if (t == kft::dtype::f16) return 2e-3;
   if (t == kft::dtype::bf16) return 1.6e-2;
   if (op == kft::op_kind::avg && t == kft::dtype::f32) return 2.5e-7;

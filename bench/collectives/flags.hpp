@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// flags.hpp: what a collective's file provides (its kind; the sizes of one row) and the flags
-// every *_perf program takes, nccl-tests' (-b -e -i -f -n -w -c -d -o -r -a -T) and kft's own
-// (--backend, --algo, --algos, --zero-copy, --peers, --latency, ...), read into `settings`.
-// Part of harness.hpp.
+// flags.hpp: the flags every *_perf program takes, nccl-tests' (-b -e -i -f -n -w -c -d -o -r
+// -a -T) and kft's own (--backend, --algo, --algos, --zero-copy, --peers, --latency, ...), read
+// into `settings`; which apply is the collective's `descriptor` (harness.hpp). Part of
+// harness.cpp.
 #pragma once
 
 #include <algorithm>
@@ -22,20 +22,10 @@
 #include <kft/core/options.hpp>
 
 #include "../common/sizes.hpp"
+#include "harness.hpp"
 #include "settings.hpp"
 
 namespace kft_bench {
-
-// ---- what a collective's file provides (all_reduce.cpp, ...) -----------------------------
-
-enum class coll { allreduce, broadcast, reduce_scatter, allgather };
-
-// Sizes of one row (nccl-tests GetCollByteCount): `count` is the per-call count argument.
-struct shape {
-  std::size_t count = 0, send_bytes = 0, recv_bytes = 0;
-  std::size_t alg_bytes = 0;  // S in algbw = S / t
-  std::size_t size() const { return std::max(send_bytes, recv_bytes); }
-};
 
 // ---- flags (settings.hpp) ---------------------------------------------------------------------
 
@@ -85,9 +75,8 @@ kft::algo parse_algo(const std::string& s) {
 }
 
 // Returns the exit code to stop with, or nullopt to run.
-template <class C>
-std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
-  CLI::App app{"kft " + std::string(C::kft_name) + " benchmark in nccl-tests' format (run under mpirun)"};
+std::optional<int> parse_flags(const descriptor& c, int argc, char** argv, int rank, settings& a) {
+  CLI::App app{"kft " + std::string(c.kft_name) + " benchmark in nccl-tests' format (run under mpirun)"};
   std::string b = "32M", e = "32M", i = "1M", d = "float", o = "sum", al = "auto", lm = "64K";
   int f = 1, nthreads = 1, ngpus = 1, agg = 1;
   app.add_option("-b,--minbytes", b, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
@@ -170,7 +159,7 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
     a.latency_max = parse_size(lm);
     a.pool_extra = parse_size(pe);
     a.types = parse_types(d);
-    if constexpr (C::has_op) a.ops = parse_ops(o);
+    if (c.has_op) a.ops = parse_ops(o);
     a.algorithm = parse_algo(al);
   } catch (const std::exception& ex) {
     return bad(ex.what());
@@ -188,13 +177,13 @@ std::optional<int> parse_flags(int argc, char** argv, int rank, settings& a) {
   if (a.zero_copy && a.backend != "shm" && a.backend != "auto") return bad("--zero-copy needs --backend shm");
   if (a.pool_extra && !a.zero_copy) return bad("--pool-extra needs --zero-copy");
   if (a.latency_iters < 1) return bad("--latency-iters must be >= 1");
-  if constexpr (C::has_root) {
+  if (c.has_root) {
     a.all_roots = a.root == -1;
     if (a.root < -1) return bad("-r must be a rank or -1");
   } else {
     a.root = 0;
   }
-  if constexpr (C::kind != coll::allreduce) {
+  if (c.kind != coll::allreduce) {
     if (a.latency) return bad("--latency is measured by allreduce_perf");
     if (app.count("--peers") > 0 && a.peers) return bad("--peers is measured by allreduce_perf");
     a.peers = false;

@@ -3,7 +3,7 @@
 // timed in the same run, with the bytes each node sent across nodes counted from its network
 // interfaces. The group between nodes is MPI's (kft::group::mpi_group), or Gloo's with
 // KFT_INTER_NODE=gloo (kft::group::gloo_group, its store bootstrapped over MPI; flat is then
-// Gloo's own ring allreduce over every rank). Included by harness.hpp (allreduce only); runs
+// Gloo's own ring allreduce over every rank). Included by harness.cpp (allreduce only); runs
 // when the ranks span several nodes (host names, or KFT_HOST_ID) or --algo is flat or
 // hierarchical.
 #pragma once

@@ -2,7 +2,7 @@
 // peers.hpp: what allreduce_perf measures beside kft, in the same run and on the same buffers
 // (float sum): memcpy on rank 0, Open MPI's MPI_Allreduce as configured and with malloc tuned,
 // Gloo's ring allreduce over TCP on 127.0.0.1 (when built with Gloo), and the --latency table
-// (kft against MPI_Allreduce, per call). Part of harness.hpp.
+// (kft against MPI_Allreduce, per call). Part of harness.cpp.
 #pragma once
 
 #include <malloc.h>
@@ -124,8 +124,7 @@ inline peer_point point_of(const std::pair<timing, int>& r, std::size_t bytes, d
 }
 
 // MPI_Allreduce as configured, every size, before anything changes malloc's settings.
-template <class C>
-void bench<C>::measure_mpi_default() {
+void bench::measure_mpi_default() {
   auto* fin = static_cast<const float*>(send_);
   auto* fout = static_cast<float*>(recv_);
   // Warm-up at the largest and the smallest size, as before kft's rows.
@@ -133,24 +132,23 @@ void bench<C>::measure_mpi_default() {
   while (next_size(last)) {  // the largest size of the sweep
   }
   for (std::size_t size : {last, a_.min_bytes}) {
-    const std::size_t cnt = C::shape_of(size, sizeof(float), n_).count;
+    const std::size_t cnt = c_.shape_of(size, sizeof(float), n_).count;
     if (cnt == 0 || cnt > static_cast<std::size_t>(INT_MAX)) continue;
     for (int w = 0; w < std::max(1, a_.warmup); ++w)
       MPI_Allreduce(fin, fout, static_cast<int>(cnt), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   }
   for (std::size_t size = a_.min_bytes; size <= a_.max_bytes;) {
-    const shape sh = C::shape_of(size, sizeof(float), n_);
+    const shape sh = c_.shape_of(size, sizeof(float), n_);
     if (sh.count > 0 && sh.count <= static_cast<std::size_t>(INT_MAX)) {
       const int c = static_cast<int>(sh.count);
       mpi_def_.emplace_back(sh.count, point_of(time_budgeted([&] { MPI_Allreduce(fin, fout, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }),
-                                               sh.count * sizeof(float), C::bus_factor(n_)));
+                                               sh.count * sizeof(float), c_.bus_factor(n_)));
     }
     if (!next_size(size)) break;
   }
 }
 
-template <class C>
-void bench<C>::peers_before() {
+void bench::peers_before() {
   if (!peers_on_) return;
   if (ctl_.mpi()) measure_mpi_default();
   else mpi_note_ = "n/a: not started by an MPI launcher (run it under mpirun to measure MPI_Allreduce)";
@@ -176,11 +174,10 @@ void bench<C>::peers_before() {
 #endif
 }
 
-template <class C>
-void bench<C>::peers_after_row(std::size_t idx) {
+void bench::peers_after_row(std::size_t idx) {
   const auto& r = float_sum_rows_[idx];
   const std::size_t bytes = r.count * sizeof(float);
-  const double factor = C::bus_factor(n_);
+  const double factor = c_.bus_factor(n_);
   auto* fin = static_cast<const float*>(send_);
   auto* fout = static_cast<float*>(recv_);
   peer_point mc, tuned, gl;
@@ -225,13 +222,12 @@ void bench<C>::peers_after_row(std::size_t idx) {
   gl_.push_back(gl);
 }
 
-template <class C>
-void bench<C>::print_peers() {
+void bench::print_peers() {
   if (me_ != 0 || !a_.peers) return;
   if (!peers_on_) {
     if (be_.device())
       std::printf("#\n# peers: not measured for device buffers (the MPI, Gloo and memcpy peers time host memory)\n");
-    else if (C::kind != coll::allreduce)
+    else if (c_.kind != coll::allreduce)
       std::printf("#\n# peers: measured for allreduce only\n");
     else
       std::printf("#\n# peers: measured for float sum only; this run has no float sum rows (-d float -o sum)\n");
@@ -303,8 +299,7 @@ void bench<C>::print_peers() {
   if (!mpi_note_.empty()) doc_["peers"]["mpi_default"] = doc_["peers"]["mpi_tuned"] = mpi_note_;
 }
 
-template <class C>
-void bench<C>::run_latency() {
+void bench::run_latency() {
   if (!a_.latency) return;
   std::vector<std::size_t> sizes{8};
   for (const auto& r : float_sum_rows_)

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// reduce_scatter_perf: nccl-tests' reduce_scatter_perf for kft (harness.hpp has the rest).
+// reduce_scatter_perf: nccl-tests' reduce_scatter_perf for kft (harness.cpp has the rest).
 // What is reduce-scatter's own: every rank sends `count` x n elements and receives its `count`
 // (rounded down to 16 bytes, as nccl-tests does); busbw = algbw x (n-1)/n; in place the
 // output is slice `rank` of the input.

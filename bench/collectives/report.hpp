@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // report.hpp: what a *_perf program prints and writes: nccl-tests' number formats
 // (src/util.cu), the table's header and footer, the --algos table and the --json file. Part
-// of harness.hpp.
+// of harness.cpp.
 #pragma once
 
 #include <sched.h>
@@ -56,8 +56,7 @@ std::string now_str() {
   return buf;
 }
 
-template <class C>
-void bench<C>::print_header() {
+void bench::print_header() {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   char line[512];
@@ -68,7 +67,7 @@ void bench<C>::print_header() {
   if (me_ != 0) return;
   if (shm_cfg_) std::printf("# kft %s collective_perf (shared-memory transport, nccl-tests format)\n", KFT_VERSION_STRING);
   else std::printf("# kft %s collective_perf (%s, nccl-tests format)\n", KFT_VERSION_STRING, be_.describe().c_str());
-  std::printf("# Collective test starting: %s\n", C::nccl_name);
+  std::printf("# Collective test starting: %s\n", c_.nccl_name);
   std::printf("# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d agg iters: 1 "
               "validation: %d graph: 0\n",
               a_.min_bytes, a_.max_bytes, a_.step_factor > 1 ? a_.step_factor : a_.step_bytes,
@@ -111,15 +110,14 @@ void bench<C>::print_header() {
   std::fflush(stdout);
 }
 
-template <class C>
-void bench<C>::print_footer() {
+void bench::print_footer() {
   if (me_ != 0) return;
   const double avg = bw_count_ ? bw_sum_ / bw_count_ : 0;
   const int errs = static_cast<int>(std::min<std::int64_t>(errors_, INT_MAX));
   std::printf("# %-20s : %d %s\n", "Out of bounds values", errs, errs ? "FAILED" : "OK");
   std::printf("# %-20s : %g %s\n", "Avg bus bandwidth", avg, "");
   std::printf("#\n");
-  std::printf("# Collective test concluded: %s\n", C::nccl_name);
+  std::printf("# Collective test concluded: %s\n", c_.nccl_name);
   std::printf("#\n");
   if (input_changed_)
     std::printf("# kft: out-of-place calls changed %lld input elements (counted in #wrong)\n",
@@ -142,10 +140,9 @@ void bench<C>::print_footer() {
   std::fflush(stdout);
 }
 
-template <class C>
-void bench<C>::print_algos() {
+void bench::print_algos() {
   if (me_ != 0 || algo_rows_.empty()) return;
-  const auto forced = be_.forced(C::op);
+  const auto forced = be_.forced(c_.op);
   std::printf("#\n# kft algorithms in the same run: out-of-place busbw (GB/s), forced algorithms timed right after each row\n");
   std::printf("# %10s  %8s  %6s  %8s  %8s", "size", "type", "redop", "auto", "auto");
   for (auto f : forced) std::printf("  %8s", std::string(kft::name(f)).c_str());
@@ -163,8 +160,7 @@ void bench<C>::print_algos() {
   std::fflush(stdout);
 }
 
-template <class C>
-void bench<C>::write_json() {
+void bench::write_json() {
   if (me_ != 0 || a_.json_path.empty()) return;
   doc_["version"] = 2;
   doc_["start_time"] = start_time_;
@@ -177,7 +173,7 @@ void bench<C>::write_json() {
                  {"aggregated_iterations", 1},
                  {"validation", a_.check},
                  {"average_mode", a_.average},
-                 {"collective", std::string(C::kft_name)},
+                 {"collective", std::string(c_.kft_name)},
                  {"kft", {{"version", KFT_VERSION_STRING},
                           {"backend", be_.name()},
                           {"algorithm", std::string(kft::name(a_.algorithm))},
