@@ -90,10 +90,19 @@ if ((sanitizers)); then
     echo "run-all: the sanitizer builds failed ($san_log):"; tail -n 60 "$san_log"; rc=1
   else
     grep -h 'built in' "$san_log" || true
+    # The two subsets run side by side (each CTest at -j 2): they share no port, daemon or lock
+    # (Slurm and torchrun's fixed port are the asan subset's alone; kftrun's tests pick free
+    # ports and mark their processes). Their outputs follow one another below.
     for mode in asan tsan; do
-      bash "$src/tests/sanitizers/run.sh" "$mode" "$build-$mode" test || rc=1
-      part "sanitizers: $mode (ctest)"
+      ( bash "$src/tests/sanitizers/run.sh" "$mode" "$build-$mode" test > "$build-$mode-test.log" 2>&1
+        echo $? > "$build-$mode-test.rc" ) &
     done
+    wait
+    for mode in asan tsan; do
+      cat "$build-$mode-test.log"
+      [[ "$(cat "$build-$mode-test.rc" 2>/dev/null)" == 0 ]] || rc=1
+    done
+    part "sanitizers: asan + tsan (ctest)"
   fi
 fi
 echo

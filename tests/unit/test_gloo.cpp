@@ -284,14 +284,20 @@ BOOST_AUTO_TEST_CASE(gloos_event_loop_thread_has_sigpipe_blocked) {
 
 // End to end with SIGPIPE's default action: both ranks stream allreduces; another thread of
 // rank 1 aborts at a different moment each round, cutting its connections under its own call
-// in flight while rank 0 is writing into them. Each round rank 0 must stop at once (well
-// inside the 3 s deadline) with kft's error naming rank 1's abort, and rank 1's own call must
-// end (by its deadline at the latest) with kft's error, not Gloo's. A SIGPIPE would end this
-// test process instead.
+// in flight while rank 0 is writing into them. Each round rank 0 must stop with kft's error
+// naming rank 1's abort, and rank 1's own call must end (by its deadline at the latest) with
+// kft's error, not Gloo's. A SIGPIPE would end this test process instead.
+// Rank 0 stops at once when the closed connection reaches it between two messages. When the
+// abort cuts a message under way, Gloo's tcp transport does not wake that transfer (a connection
+// error signals the unbound buffers still queued on the pair, not the one whose bytes are being
+// read or written), so that round ends at rank 0's 3 s deadline; in CI about 1 round in 50 did.
+// Most rounds must still be quick: the closed connection is what stops the peer.
 BOOST_AUTO_TEST_CASE(an_abort_under_a_call_in_flight_is_an_error_on_both_sides_not_sigpipe) {
   using clock = std::chrono::steady_clock;
   const sigpipe_default dfl;
-  for (int round = 0; round < 16; ++round) {
+  int quick = 0;
+  constexpr int rounds = 16;
+  for (int round = 0; round < rounds; ++round) {
     std::atomic<clock::rep> aborted_at{0};
     std::atomic<double> rank0_after{-1};
     const auto errors = with_ranks(
@@ -323,8 +329,11 @@ BOOST_AUTO_TEST_CASE(an_abort_under_a_call_in_flight_is_an_error_on_both_sides_n
     BOOST_TEST(has(errors[0], "rank 0/2 gloo allreduce #"), errors[0]);
     BOOST_TEST(has(errors[0], "rank 1 (host1) aborted the communicator: gone"), errors[0]);
     BOOST_TEST(rank0_after.load() >= 0.0);
-    BOOST_TEST(rank0_after.load() < 1.5);
+    BOOST_TEST(rank0_after.load() < 3.0 + 1.5);  // at the deadline at the latest, plus the store's grace
+    quick += rank0_after.load() < 1.5;
     BOOST_TEST(has(errors[1], "rank 1/2 gloo "), errors[1]);
     BOOST_TEST(has(errors[1], "aborted: gone"), errors[1]);
   }
+  BOOST_TEST_MESSAGE(quick << " of " << rounds << " rounds stopped rank 0 within 1.5 s of the abort");
+  BOOST_TEST(quick >= rounds - 4, quick << " of " << rounds << " rounds stopped rank 0 within 1.5 s");
 }
