@@ -117,6 +117,7 @@ def main():
     steps_per_epoch = (per_rank + a.batch - 1) // a.batch
     eval_every = max(1, steps_per_epoch // a.evals_per_epoch)
     train_s, to_target, epoch_s, acc, step = 0.0, None, [], 0.0, 0
+    epoch_to_target = None  # the fractional epoch of the evaluation that first reached the target
     done = False
     for epoch in range(a.epochs):
         if done:
@@ -147,6 +148,7 @@ def main():
                 acc = evaluate()
                 if to_target is None and acc >= a.target:
                     to_target = train_s
+                    epoch_to_target = epoch + (s + 1) / steps_per_epoch
                 t0 = time.perf_counter()
             if done:
                 break
@@ -157,7 +159,7 @@ def main():
             "peer": "pytorch-ddp-gloo" if ddp else "pytorch-1-process", "ranks": world, "torch": torch.__version__,
             "blas": blas_loaded(), "threads_per_rank": torch.get_num_threads(),
             "seconds_per_epoch": sum(epoch_s) / len(epoch_s), "train_seconds": train_s,
-            "seconds_to_target": to_target, "final_accuracy": acc,
+            "seconds_to_target": to_target, "epoch_to_target": epoch_to_target, "final_accuracy": acc,
             "steps": step, "samples_per_s": step * a.batch * world / train_s}), flush=True)
     if ddp:
         dist.barrier()  # both ranks are done before either tears gloo down

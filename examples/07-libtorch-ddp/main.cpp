@@ -170,13 +170,15 @@ double own_loop(const settings& s, torch::nn::Sequential& net, kft::group::proce
   std::vector<std::uint32_t> mine;
   std::uint64_t step = 0, samples = 0, epochs_run = 0;
   double train_s = 0.0, final_acc = 0.0;
-  std::optional<double> to_target;
+  std::optional<double> to_target, epoch_to_target;  // the training time, and the fractional epoch, of the crossing
   bool stop = false;
   for (std::uint64_t e = 0; e < s.epochs && !stop; ++e) {
     sampler.set_epoch(e);
     double stats[3] = {0, 0, 0};
     double epoch_s = 0.0;
+    std::uint64_t in_epoch = 0;
     while (auto b = sampler.next(global)) {
+      ++in_epoch;
       sampler.rank_indices(*b, pg.rank(), pg.size(), mine);
       sampler.advance(*b);
       const auto t0 = clk::now();
@@ -192,7 +194,10 @@ double own_loop(const settings& s, torch::nn::Sequential& net, kft::group::proce
       ++step;
       if (step % eval_every == 0 && !to_target) {
         const auto [loss, acc] = evaluate(net, test, pg);
-        if (acc >= s.target) to_target = train_s + epoch_s;
+        if (acc >= s.target) {
+          to_target = train_s + epoch_s;
+          epoch_to_target = static_cast<double>(e) + static_cast<double>(in_epoch) / static_cast<double>(steps_per_epoch);
+        }
       }
       if (s.max_steps && step >= s.max_steps) {
         stop = true;
@@ -204,7 +209,10 @@ double own_loop(const settings& s, torch::nn::Sequential& net, kft::group::proce
     pg.allreduce(stats, stats, 3, kft::dtype::f64, kft::op_kind::sum, kft::options{});
     const auto [test_loss, test_acc] = evaluate(net, test, pg);
     final_acc = test_acc;
-    if (!to_target && test_acc >= s.target) to_target = train_s;
+    if (!to_target && test_acc >= s.target) {
+      to_target = train_s;
+      epoch_to_target = static_cast<double>(e + 1);
+    }
     if (talk) {
       std::printf("| %llu | %.4f | %.4f | %.4f | %.4f | %.2f | %.0f |\n", static_cast<unsigned long long>(e + 1),
                   stats[0] / stats[2], stats[1] / stats[2], test_loss, test_acc, epoch_s, stats[2] / epoch_s);
@@ -231,10 +239,13 @@ double own_loop(const settings& s, torch::nn::Sequential& net, kft::group::proce
       char line[512];
       std::snprintf(line, sizeof line,
                     "{\"event\":\"summary\",\"ranks\":%d,\"steps\":%llu,\"epochs\":%llu,\"seconds_per_epoch\":%.6f,"
-                    "\"train_seconds\":%.6f,\"seconds_to_target\":%s,\"final_accuracy\":%.6f,\"samples_per_s\":%.3f}\n",
+                    "\"train_seconds\":%.6f,\"seconds_to_target\":%s,\"epoch_to_target\":%s,\"final_accuracy\":%.6f,"
+                    "\"samples_per_s\":%.3f}\n",
                     pg.size(), static_cast<unsigned long long>(step), static_cast<unsigned long long>(epochs_run),
                     train_s / static_cast<double>(std::max<std::uint64_t>(1, epochs_run)), train_s,
-                    to_target ? std::to_string(*to_target).c_str() : "null", final_acc, static_cast<double>(samples) / train_s);
+                    to_target ? std::to_string(*to_target).c_str() : "null",
+                    epoch_to_target ? std::to_string(*epoch_to_target).c_str() : "null", final_acc,
+                    static_cast<double>(samples) / train_s);
       kft::write_file_atomically(s.log_json, line, "--log-json");
     }
   }
