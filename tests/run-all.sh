@@ -43,9 +43,9 @@ cd "$build"
 sanitizers=0
 [[ $# -eq 0 && "${KFT_SANITIZERS:-1}" != 0 ]] && sanitizers=1
 san_log="$build-sanitizers-build.log"
-# The container tests' image (when they are registered) is built first in the same way: its
-# fixture, containers.image, would otherwise hold one of CTest's two slots for minutes while
-# it waits for idle CPU; when its turn comes it runs the same script and finds the image current.
+# The container tests' image (when they are registered) is built first in the same way, so no
+# test holds one of CTest's two slots for minutes waiting for idle CPU: containers.image and
+# each container test run the same script first and find the image current.
 image_script="$build/tests/containers/build-test-image.sh"
 image_log="$build-image-build.log"
 prebuild_image=0
@@ -94,8 +94,10 @@ if ((sanitizers)); then
     # (Slurm and torchrun's fixed port are the asan subset's alone; kftrun's tests pick free
     # ports and mark their processes). Their outputs follow one another below.
     for mode in asan tsan; do
-      ( bash "$src/tests/sanitizers/run.sh" "$mode" "$build-$mode" test > "$build-$mode-test.log" 2>&1
-        echo $? > "$build-$mode-test.rc" ) &
+      rm -f "$build-$mode-test.rc"  # (a stale 0 from an earlier run must not pass this one)
+      ( mode_rc=0
+        bash "$src/tests/sanitizers/run.sh" "$mode" "$build-$mode" test > "$build-$mode-test.log" 2>&1 || mode_rc=$?
+        echo "$mode_rc" > "$build-$mode-test.rc" ) &
     done
     wait
     for mode in asan tsan; do
