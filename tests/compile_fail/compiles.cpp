@@ -14,8 +14,14 @@ void use(kft::shm::communicator& comm) {
   w.wait();
 }
 
-// The model not_a_model.cpp gets wrong, whole.
-struct whole_model {
+// The model not_a_model.cpp gets wrong, whole: a loss in stats (a regression: no metrics, no
+// evaluate()), and a classifier's batch_stats with evaluate().
+struct regression_model {
+  std::vector<float> w = std::vector<float>(4);
+  std::vector<kft::ddp::tensor_ref> parameters() { return {{"w", w}}; }
+  kft::ddp::stats forward_backward(std::span<const std::uint32_t>, kft::ddp::gradients&) { return {}; }
+};
+struct classifier_model {
   std::vector<float> w = std::vector<float>(4);
   std::vector<kft::ddp::tensor_ref> parameters() { return {{"w", w}}; }
   kft::ddp::batch_stats forward_backward(std::span<const std::uint32_t>, kft::ddp::gradients&) { return {}; }
@@ -23,8 +29,11 @@ struct whole_model {
 };
 
 void train(kft::group::process_group& g) {
-  whole_model m;
+  regression_model r;
+  classifier_model c;
   kft::ddp::sgd opt;
-  kft::ddp::trainer t(g, m, opt);
-  t.fit(10, 10);
+  kft::ddp::trainer a(g, r, opt);
+  a.fit(10);
+  kft::ddp::trainer b(g, c, opt);
+  b.fit(10, 10);
 }

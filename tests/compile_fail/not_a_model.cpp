@@ -1,20 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
-// EXPECT: m.evaluate\(idx\)
-// A model without evaluate(): the trainer's concept names the missing member.
+// EXPECT: batch_result
+// A model whose forward_backward returns a bare loss: the trainer's concept names what it must
+// return (stats, or a classifier's batch_stats).
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include <kft/ddp/trainer.hpp>
 
-struct half_model {
+struct loss_only_model {
   std::vector<float> w = std::vector<float>(4);
   std::vector<kft::ddp::tensor_ref> parameters() { return {{"w", w}}; }
-  kft::ddp::batch_stats forward_backward(std::span<const std::uint32_t>, kft::ddp::gradients&) { return {}; }
+  double forward_backward(std::span<const std::uint32_t>, kft::ddp::gradients&) { return 0.0; }
 };
 
 void use(kft::group::process_group& g) {
-  half_model m;
+  loss_only_model m;
   kft::ddp::sgd opt;
   kft::ddp::trainer t(g, m, opt);
 }

@@ -33,12 +33,12 @@
 ///    layer-1 fault).
 ///  - **checkpoints** (checkpoint.hpp): model, optimizer state, sampler (seed, epoch, cursor),
 ///    step and the trainer's RNG, written atomically by rank 0.
-///  - **progress** on rank 0 (a live line on a terminal, plain lines otherwise, `quiet`, a
-///    JSON-lines log).
+///  - **any task**: the model reports a loss and any named metrics (model.hpp); they are
+///    merged over micro-batches, reduced over the ranks and reported; evaluation is optional.
+///  - **reporting** beside the trainer (report.hpp): observers told of the start, each step,
+///    each evaluation and epoch, and the summary; the default one prints on rank 0 (a live
+///    line on a terminal, a table of epochs, `quiet`, a JSON-lines log).
 #pragma once
-
-#include <sched.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -59,8 +59,11 @@
 
 #include <kft/core/error.hpp>
 #include <kft/ddp/checkpoint.hpp>
+#include <kft/ddp/fixed_point.hpp>
+#include <kft/ddp/model.hpp>
 #include <kft/ddp/optim.hpp>
 #include <kft/ddp/reducer.hpp>
+#include <kft/ddp/report.hpp>
 #include <kft/ddp/sampler.hpp>
 #include <kft/group/process_group.hpp>
 
@@ -75,70 +78,6 @@ class numerics_error : public error {
 class desync_error : public mismatch_error {
   using mismatch_error::mismatch_error;
 };
-
-/// @brief One parameter of a model: its name and its values.
-struct tensor_ref {
-  std::string name;
-  std::span<float> value;
-};
-
-/// @brief What a batch produced: summed loss, correct predictions, samples.
-struct batch_stats {
-  double loss_sum = 0.0;
-  std::uint64_t correct = 0;
-  std::uint64_t count = 0;
-  batch_stats& operator+=(const batch_stats& o) {
-    loss_sum += o.loss_sum;
-    correct += o.correct;
-    count += o.count;
-    return *this;
-  }
-};
-
-/// @brief Where a model's backward pass puts its gradients.
-///
-/// `g[i]` is parameter i's gradient buffer: overwrite it, or add into it when `accumulate()`
-/// (a later micro-batch of an accumulated step). Call `ready(i)` once per parameter as soon
-/// as its gradient is final: the reducer may send it while the rest of backward runs.
-class gradients {
- public:
-  using ready_fn = void (*)(void*, std::size_t);
-  gradients(std::span<const std::span<float>> views, bool accumulate, ready_fn fn, void* ctx)
-      : views_(views), accumulate_(accumulate), fn_(fn), ctx_(ctx) {}
-  std::span<float> operator[](std::size_t i) const { return views_[i]; }
-  std::size_t size() const noexcept { return views_.size(); }
-  bool accumulate() const noexcept { return accumulate_; }
-  void ready(std::size_t i) const { fn_(ctx_, i); }
-
- private:
-  std::span<const std::span<float>> views_;
-  bool accumulate_;
-  ready_fn fn_;
-  void* ctx_;
-};
-
-/// @brief What the trainer needs of a model.
-///
-///  - `parameters()`: every trainable tensor, in a fixed order (the same on every rank);
-///  - `forward_backward(indices, g)`: the training samples `indices`; writes the gradients of
-///    the batch's *mean* loss into `g` (calling `g.ready(i)` for each) and returns the
-///    batch's summed loss, correct predictions and count;
-///  - `evaluate(indices)`: the same statistics on test samples, no gradients.
-template <class M>
-concept model = requires(M& m, std::span<const std::uint32_t> idx, gradients& g) {
-  { m.parameters() } -> std::convertible_to<std::vector<tensor_ref>>;
-  { m.forward_backward(idx, g) } -> std::same_as<batch_stats>;
-  { m.evaluate(idx) } -> std::same_as<batch_stats>;
-};
-
-/// @brief Compute threads one rank should use: the cores it may run on / ranks on its node.
-inline int compute_threads(int local_ranks) {
-  cpu_set_t set;
-  int cores = 0;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
-  if (cores <= 0) cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  return std::max(1, cores / std::max(1, local_ranks));
-}
 
 /// @brief The trainer's reductions: float buckets averaged, integer buckets summed (the
 /// deterministic mode's fixed point and the contribution counts). With ZeRO stage 1 (`sharded`)
@@ -185,7 +124,14 @@ struct trainer_options {
   std::function<void(std::uint64_t)> on_step;
   std::uint64_t eval_every = 0;          ///< steps between evaluations (0: at the end of each epoch)
   std::uint64_t eval_batch = 1000;
-  double target_accuracy = 0.0;          ///< report the time the test accuracy first reaches it
+  /// What to report the time to: the first evaluation whose `metric` ("loss" or one of the
+  /// model's metrics) is >= `value` (`at_most`: <=). Needs evaluate() and a test set.
+  struct goal {
+    std::string metric;  ///< "" : no target
+    double value = 0.0;
+    bool at_most = false;
+  } target;
+  double target_accuracy = 0.0;          ///< shorthand for target {"accuracy", value}
   reducer_options reducer{};
   /// ZeRO stage 1 (0: off): the optimizer state is sharded across the ranks. Gradients are
   /// reduce-scattered, each rank updates its slice of every bucket (parameters and optimizer
@@ -200,31 +146,8 @@ struct trainer_options {
   int threads = 0;                       ///< compute threads per rank, for the report (0: not reported)
   double baseline_samples_per_s = 0.0;   ///< one rank's rate, for the weak-scaling efficiency
   std::string label;                     ///< what is trained, for the banner
-};
-
-/// @brief One evaluation.
-struct eval_point {
-  std::uint64_t step = 0;
-  double epoch = 0.0;         ///< fractional epoch
-  double train_seconds = 0.0;  ///< training time so far (evaluations excluded)
-  double loss = 0.0;
-  double accuracy = 0.0;
-};
-
-/// @brief What `fit` measured.
-struct fit_summary {
-  std::uint64_t steps = 0;
-  std::uint64_t samples = 0;      ///< trained, all ranks together
-  double train_seconds = 0.0;
-  double wall_seconds = 0.0;
-  double exposed_comm_seconds = 0.0;  ///< waiting in finish(), after the backward pass
-  double optimizer_seconds = 0.0;     ///< in the optimizer's update loops, the slowest rank's (its shard with ZeRO-1)
-  double final_accuracy = 0.0;
-  double final_loss = 0.0;
-  std::optional<double> seconds_to_target;  ///< training time when the target accuracy was first reached
-  double samples_per_s = 0.0;
-  std::vector<eval_point> evals;
-  std::uint64_t resumed_from = 0;  ///< the checkpoint's step (0: a fresh start)
+  /// Told what the run does (report.hpp), besides the default console report; they outlive the trainer.
+  std::vector<observer*> observers;
 };
 
 template <model M, optimizer O, class Group = group::process_group, class Control = Group>
@@ -277,6 +200,11 @@ class trainer {
       throw usage_error("trainer: zero_stage = " + std::to_string(o_.zero_stage) + " (0: replicated optimizer state, "
                             "1: ZeRO stage 1)",
                         site("ddp trainer"));
+    set_up_metrics();
+    console_.emplace(g_.rank(), g_.size(), o_.quiet, o_.log_json);
+    observers_.push_back(&*console_);
+    for (observer* x : o_.observers)
+      if (x) observers_.push_back(x);
     // The reducer: index 0 is the trainer's own two values (contributing micro-batches, ranks
     // with a non-finite loss), registered first so that they travel in the last bucket, marked
     // once the backward pass is over.
@@ -314,10 +242,12 @@ class trainer {
     }
     views_.resize(tensors_.size());
     if (o_.deterministic) {
+      fixed_.emplace(o_.fraction_bits, o_.micro_shards * o_.accumulate);
       local_.resize(tensors_.size());
       for (std::size_t i = 0; i < tensors_.size(); ++i) local_[i].assign(sizes_[i], 0.0f);
       avg_ = local_;
     }
+    verify_metrics();
     if (o_.resume && !o_.checkpoint_dir.empty()) resume();
     broadcast_state();
     verify_replicas("start");
@@ -348,9 +278,13 @@ class trainer {
     return b;
   }
 
+  /// @brief The model's metrics (the order of stats::values).
+  const metric_set& metrics() const noexcept { return ms_; }
+
   /// @brief One optimizer step on this rank's samples `indices` (your own loop; accumulate = 1).
-  /// Every rank calls step() until it runs out of data, then join().
-  batch_stats step(std::span<const std::uint32_t> indices) {
+  /// Every rank calls step() until it runs out of data, then join(). Returns this rank's
+  /// statistics of the step.
+  stats step(std::span<const std::uint32_t> indices) {
     if (o_.deterministic) throw usage_error("trainer: step() is the normal mode's; deterministic training runs through fit()",
                                             site("ddp step"));
     micro_n_ = 0;
@@ -381,8 +315,15 @@ class trainer {
   }
 
   /// @brief Trains on samples 0..train_size-1 and evaluates on 0..test_size-1 (the model's
-  /// sets) for `epochs` epochs, or until `max_steps`.
-  fit_summary fit(std::uint64_t train_size, std::uint64_t test_size) {
+  /// sets; test_size 0: no evaluations) for `epochs` epochs, or until `max_steps`.
+  fit_summary fit(std::uint64_t train_size, std::uint64_t test_size = 0) {
+    if (test_size > 0 && !evaluable<M>)
+      throw usage_error("trainer: fit() was given " + std::to_string(test_size) +
+                            " test samples but the model has no evaluate(samples)",
+                        site("ddp fit"));
+    if (!target_.metric.empty() && test_size == 0)
+      throw usage_error("trainer: a target (" + target_words() + ") needs evaluations: pass fit() a test set",
+                        site("ddp fit"));
     sampler_.emplace(sampler_options{train_size, o_.seed, o_.shuffle, o_.drop_last});
     if (restored_) {
       sampler_->restore(*restored_);
@@ -397,8 +338,8 @@ class trainer {
     test_size_ = test_size;
     fit_summary sum;
     sum.resumed_from = resumed_step_;
-    open_log();
-    banner(train_size, test_size);
+    sum.target = target_words();
+    tell([&](observer& x) { x.on_start(run_description(train_size, test_size)); });
     const auto t_start = clk::now();
     const std::uint64_t first_epoch = sampler_->epoch();
     bool stop = false;
@@ -406,7 +347,8 @@ class trainer {
       if (e != first_epoch || !restored_) sampler_->set_epoch(e);
       restored_.reset();
       epoch_ = e;
-      batch_stats es;
+      stats es = ms_.empty();
+      std::uint64_t epoch_samples = 0, my_samples = 0;
       const double comm0 = comm_s_;
       const auto te = clk::now();
       double eval_s = 0.0;
@@ -414,13 +356,16 @@ class trainer {
       std::uint64_t k = 0;
       while (!stop) {
         if (!gather_micro_batches()) break;
-        es += run_step();
+        for (const auto& mb : micro()) my_samples += mb.size();
+        ms_.merge(es, run_step());
         after_step();
         if (o_.on_step) o_.on_step(step_);
         ++k;
         sum.samples += last_samples_;
-        progress(e, k, steps_in_epoch, es, clk::now() - te);
-        if (o_.eval_every && step_ % o_.eval_every == 0) {
+        epoch_samples += last_samples_;
+        const progress_point pp{e + 1, o_.epochs, k, steps_in_epoch, &es, seconds(te, clk::now()), my_samples};
+        tell([&](observer& x) { x.on_progress(pp); });
+        if (test_size_ && o_.eval_every && step_ % o_.eval_every == 0) {
           const auto t0 = clk::now();
           record_eval(sum, seconds(t_start, t0) - eval_total_);
           eval_s += seconds(t0, clk::now());
@@ -430,17 +375,24 @@ class trainer {
         if (o_.max_steps && step_ >= o_.max_steps) stop = true;
       }
       // The epoch's training statistics over every rank.
-      double tot[3] = {es.loss_sum, static_cast<double>(es.correct), static_cast<double>(es.count)};
-      c_.allreduce(tot, tot, 3, dtype::f64, op_kind::sum, options{});
+      reduce(es);
       const double train_s = seconds(te, clk::now()) - eval_s;
-      if (!o_.eval_every || sum.evals.empty() || sum.evals.back().step != step_) {
+      if (test_size_ && (!o_.eval_every || sum.evals.empty() || sum.evals.back().step != step_)) {
         const auto t0 = clk::now();
         record_eval(sum, seconds(t_start, t0) - eval_total_);
         eval_total_ += seconds(t0, clk::now());
       }
       const bool epoch_done = !sampler_->next(o_.global_batch);
       if (!o_.checkpoint_dir.empty() && !o_.checkpoint_every && epoch_done) save_checkpoint(epoch_done);
-      epoch_line(e, tot, train_s, comm_s_ - comm0, sum.evals.back());
+      epoch_point ep;
+      ep.epoch = e + 1;
+      ep.loss = es.mean_loss();
+      ep.metrics = reported(es);
+      ep.seconds = train_s;
+      ep.samples_per_s = train_s > 0 ? static_cast<double>(epoch_samples) / train_s : 0.0;
+      ep.exposed_comm_seconds = comm_s_ - comm0;
+      ep.eval = sum.evals.empty() ? nullptr : &sum.evals.back();
+      tell([&](observer& x) { x.on_epoch(ep); });
       if (epoch_done && e + 1 < o_.epochs) sampler_->set_epoch(e + 1);
     }
     sum.steps = step_;
@@ -454,10 +406,16 @@ class trainer {
     if (!sum.evals.empty()) {
       sum.final_accuracy = sum.evals.back().accuracy;
       sum.final_loss = sum.evals.back().loss;
+      sum.final_metrics = sum.evals.back().metrics;
     }
     sum.samples_per_s = sum.train_seconds > 0 ? static_cast<double>(sum.samples) / sum.train_seconds : 0.0;
+    if (o_.baseline_samples_per_s > 0)
+      sum.weak_scaling_efficiency = sum.samples_per_s / (o_.baseline_samples_per_s * static_cast<double>(g_.size()));
     verify_replicas("the end of training");
-    summary_line(sum);
+    sum.parameters_hash = parameters_hash();
+    sum.optimizer_state_bytes = optimizer_state_bytes();
+    sum.zero_stage = o_.zero_stage;
+    tell([&](observer& x) { x.on_summary(sum); });
     // KFT_TIMELINE: written now (a job that dies later still leaves this fit's trace); a failure
     // to write is said, not thrown: the training itself is done.
     if (tl_) {
@@ -470,20 +428,22 @@ class trainer {
     return sum;
   }
 
-  /// @brief Test statistics over every rank (rank r evaluates samples r, r + N, ...).
-  batch_stats evaluate(std::uint64_t test_size) {
+  /// @brief Evaluation statistics over every rank (rank r evaluates samples r, r + N, ...),
+  /// reduced: the same on every rank.
+  stats evaluate(std::uint64_t test_size)
+    requires evaluable<M>
+  {
     auto span = traced("evaluate");
-    batch_stats s;
+    stats s = ms_.empty();
     const auto n = static_cast<std::uint64_t>(g_.size()), me = static_cast<std::uint64_t>(g_.rank());
     std::vector<std::uint32_t> idx;
     for (std::uint64_t p = me; p < test_size;) {
       idx.clear();
       for (; p < test_size && idx.size() < o_.eval_batch; p += n) idx.push_back(static_cast<std::uint32_t>(p));
-      s += m_.evaluate(idx);
+      ms_.merge(s, as_stats(m_.evaluate(idx)));
     }
-    double tot[3] = {s.loss_sum, static_cast<double>(s.correct), static_cast<double>(s.count)};
-    c_.allreduce(tot, tot, 3, dtype::f64, op_kind::sum, options{});
-    return {tot[0], static_cast<std::uint64_t>(tot[1]), static_cast<std::uint64_t>(tot[2])};
+    reduce(s);
+    return s;
   }
 
   /// @brief Writes a checkpoint now (collective: the replicas are verified first; rank 0 writes).
@@ -539,8 +499,7 @@ class trainer {
       std::error_code ec;
       std::filesystem::remove(o_.checkpoint_dir / checkpoint_name(steps[i]), ec);
     }
-    log("{\"event\":\"checkpoint\",\"step\":" + std::to_string(step_) + ",\"file\":\"" +
-        checkpoint_name(step_) + "\",\"bytes\":" + std::to_string(bytes.size()) + "}");
+    tell([&](observer& x) { x.on_checkpoint(step_, checkpoint_name(step_), bytes.size()); });
   }
 
   /// @brief Compares a hash of every parameter across the ranks. @throws desync_error
@@ -610,9 +569,9 @@ class trainer {
   }
 
   // One optimizer step over micro_ (this rank's micro-batches or deterministic shards).
-  batch_stats run_step() {
+  stats run_step() {
     auto& r = *r_;
-    batch_stats s;
+    stats s = ms_.empty();
     std::uint64_t bad = 0, contributed = 0;
     const std::size_t k = micro_n_;
     if (o_.deterministic) {
@@ -636,7 +595,7 @@ class trainer {
           return m_.forward_backward(mb, gs);
         }();
         bad |= !std::isfinite(bs.loss_sum);
-        s += bs;
+        ms_.merge(s, as_stats(bs));
         if (!last_micro_)
           for (std::size_t i = 0; i < tensors_.size(); ++i) to_fixed(i, first_micro_);
         ++done;
@@ -657,7 +616,7 @@ class trainer {
           return m_.forward_backward(micro_[m], gs);
         }();
         bad |= !std::isfinite(bs.loss_sum);
-        s += bs;
+        ms_.merge(s, as_stats(bs));
         if (last) set_counts(k, bad);
         r.mark_ready(0);
         timed_finish();
@@ -675,27 +634,14 @@ class trainer {
 
   // Parameter i's float gradient (local_) into fixed point, assigned or added into the bucket.
   void to_fixed(std::size_t i, bool first) {
-    auto q = r_->template gradient<std::int64_t>(i + 1);
-    const auto& g = local_[i];
-    const double scale = std::ldexp(1.0, o_.fraction_bits);
-    const double limit = std::ldexp(1.0, 62) / static_cast<double>(o_.micro_shards * o_.accumulate);
-    std::uint32_t bad = 0;
-    double worst = 0.0;
-    for (std::size_t e = 0; e < g.size(); ++e) {
-      const double v = static_cast<double>(g[e]) * scale;
-      bad |= detail::not_finite(g[e]);
-      worst = std::max(worst, std::fabs(v));
-      const auto iv = static_cast<std::int64_t>(std::nearbyint(std::clamp(v, -limit, limit)));
-      q[e] = first ? iv : q[e] + iv;
-    }
-    if (bad || worst >= limit) {
-      const std::string why =
-          bad ? "gradient of '" + tensors_[i].name + "' holds a NaN or an infinity (layer 1: the model's numbers)"
-              : "gradient of '" + tensors_[i].name + "' reaches " + std::to_string(worst / scale) +
-                    ", beyond deterministic mode's fixed-point range (lower trainer_options::fraction_bits)";
-      abort_all(why);
-      throw numerics_error(why, site("ddp step", step_ + 1));
-    }
+    const auto v = fixed_->add(local_[i], r_->template gradient<std::int64_t>(i + 1), first);
+    if (fixed_->in_range(v)) return;
+    const std::string why =
+        v.not_finite ? "gradient of '" + tensors_[i].name + "' holds a NaN or an infinity (layer 1: the model's numbers)"
+                     : "gradient of '" + tensors_[i].name + "' reaches " + std::to_string(fixed_->magnitude(v)) +
+                           ", beyond deterministic mode's fixed-point range (lower trainer_options::fraction_bits)";
+    abort_all(why);
+    throw numerics_error(why, site("ddp step", step_ + 1));
   }
 
   // The trainer's two values (contributing micro-batches, ranks with a non-finite loss): i64
@@ -792,12 +738,9 @@ class trainer {
     opt_.begin_step();
     std::size_t bad = tensors_.size();
     if (o_.deterministic) {
-      const double k = std::ldexp(1.0, -o_.fraction_bits) / static_cast<double>(contributions);
       for (std::size_t i = 0; i < tensors_.size(); ++i) {
-        auto q = r_->template gradient<std::int64_t>(i + 1);
-        auto& a = avg_[i];
-        for (std::size_t e = 0; e < a.size(); ++e) a[e] = static_cast<float>(static_cast<double>(q[e]) * k);
-        if (!opt_.step(i, tensors_[i].value, a, 1.0f) && bad == tensors_.size()) bad = i;
+        fixed_->mean(r_->template gradient<std::int64_t>(i + 1), avg_[i], contributions);
+        if (!opt_.step(i, tensors_[i].value, avg_[i], 1.0f) && bad == tensors_.size()) bad = i;
       }
     } else {
       // The buckets hold sum / N of the ranks' micro-batch means: x N / contributions is the mean.
@@ -854,15 +797,13 @@ class trainer {
     opt_.begin_step();
     std::size_t bad = pieces_.size();
     const float scale = static_cast<float>(static_cast<double>(g_.size()) / static_cast<double>(contributions));
-    const double k = std::ldexp(1.0, -o_.fraction_bits) / static_cast<double>(contributions);
     for (std::size_t j = 0; j < pieces_.size(); ++j) {
       const piece& pc = pieces_[j];
       auto w = tensors_[pc.param].value.subspan(pc.offset, pc.count);
       bool ok = true;
       if (o_.deterministic) {
-        auto q = r_->template gradient<std::int64_t>(pc.param + 1).subspan(pc.offset, pc.count);
         auto a = std::span<float>(avg_[pc.param]).subspan(pc.offset, pc.count);
-        for (std::size_t e = 0; e < a.size(); ++e) a[e] = static_cast<float>(static_cast<double>(q[e]) * k);
+        fixed_->mean(r_->template gradient<std::int64_t>(pc.param + 1).subspan(pc.offset, pc.count), a, contributions);
         ok = opt_.step(j, w, a, 1.0f);
       } else {
         ok = opt_.step(j, w, r_->template gradient<float>(pc.param + 1).subspan(pc.offset, pc.count), scale);
@@ -1027,133 +968,144 @@ class trainer {
          std::to_string(c.get_u64("world_size")) + " rank(s), resumed on " + std::to_string(g_.size()) + ")");
   }
 
-  // ---- reporting (rank 0) ----
-  bool reporting() const { return g_.rank() == 0; }
+  // ---- metrics and reporting ----
+  // The model's metrics and the target, checked before anything collective.
+  void set_up_metrics() {
+    ms_ = metrics_of(m_);
+    if (ms_.size() > stats::max_metrics)
+      throw usage_error("trainer: the model reports " + std::to_string(ms_.size()) + " metrics; at most " +
+                            std::to_string(stats::max_metrics) + " (stats::max_metrics)",
+                        site("ddp trainer"));
+    for (std::size_t k = 0; k < ms_.size(); ++k) {
+      const std::string& n = ms_.list()[k].name;
+      const bool word = !n.empty() && std::all_of(n.begin(), n.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+      });
+      if (!word || n == "loss" || ms_.find(n) != k)
+        throw usage_error("trainer: the model's metric " + std::to_string(k) + " is named '" + n +
+                              "' (a metric needs a name of letters, digits and '_', not 'loss', used once)",
+                          site("ddp trainer"));
+    }
+    target_ = o_.target;
+    if (target_.metric.empty() && o_.target_accuracy > 0) target_ = {"accuracy", o_.target_accuracy, false};
+    if (!target_.metric.empty() && target_.metric != "loss" && ms_.find(target_.metric) == ms_.size()) {
+      std::string have = "loss";
+      for (const auto& m : ms_.list()) have += ", " + m.name;
+      throw usage_error("trainer: the target's metric '" + target_.metric + "' is not one the model reports (" +
+                            have + ")",
+                        site("ddp trainer"));
+    }
+  }
+  // Collective: every rank's model reports the same metrics (else their sums would mix).
+  void verify_metrics() {
+    const std::string sig = ms_.signature();
+    const std::uint64_t mine = hash64(sig.data(), sig.size());
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(g_.size()));
+    c_.allgather(&mine, all.data(), 1, dtype::i64, options{});
+    std::string differ;
+    for (int r = 1; r < g_.size(); ++r)
+      if (all[static_cast<std::size_t>(r)] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    if (!differ.empty())
+      throw usage_error("the model's metrics differ between ranks: rank(s) " + differ +
+                            " report others than rank 0 (this rank's: '" + sig + "'; name, op, mean or value)",
+                        site("ddp trainer"));
+  }
+  std::string target_words() const {
+    if (target_.metric.empty()) return {};
+    char v[32];
+    std::snprintf(v, sizeof v, "%g", target_.value);
+    return target_.metric + (target_.at_most ? " <= " : " ") + v;
+  }
+  // Stats summed, maximised or minimised over the ranks (collective; at most three small allreduces).
+  void reduce(stats& s) {
+    double sums[2 + stats::max_metrics], maxes[stats::max_metrics];
+    std::size_t ns = 2, nm = 0;
+    sums[0] = s.loss_sum;
+    sums[1] = s.count;
+    for (std::size_t k = 0; k < ms_.size(); ++k) {
+      const metric_op op = ms_.list()[k].op;
+      if (op == metric_op::sum) sums[ns++] = s.values[k];
+      else maxes[nm++] = op == metric_op::max ? s.values[k] : -s.values[k];
+    }
+    c_.allreduce(sums, sums, ns, dtype::f64, op_kind::sum, options{});
+    if (nm) c_.allreduce(maxes, maxes, nm, dtype::f64, op_kind::max, options{});
+    s.loss_sum = sums[0];
+    s.count = sums[1];
+    ns = 2, nm = 0;
+    for (std::size_t k = 0; k < ms_.size(); ++k) {
+      const metric_op op = ms_.list()[k].op;
+      if (op == metric_op::sum) s.values[k] = sums[ns++];
+      else s.values[k] = op == metric_op::max ? maxes[nm++] : -maxes[nm++];
+    }
+  }
+  std::vector<double> reported(const stats& s) const {
+    std::vector<double> v(ms_.size());
+    for (std::size_t k = 0; k < ms_.size(); ++k) v[k] = ms_.reported(s, k);
+    return v;
+  }
+  template <class F>
+  void tell(F&& f) {
+    for (observer* x : observers_) f(*x);
+  }
   void note(const std::string& s) {
-    if (reporting() && !o_.quiet) std::fprintf(stdout, "%s\n", s.c_str()), std::fflush(stdout);
-  }
-  void open_log() {
-    if (!reporting() || o_.log_json.empty() || log_) return;
-    log_ = std::fopen(o_.log_json.c_str(), "a");
-    if (!log_) throw usage_error("trainer: cannot open the log file " + o_.log_json, site("ddp trainer"));
-  }
-  void log(const std::string& json) {
-    if (log_) std::fprintf(log_, "%s\n", json.c_str()), std::fflush(log_);
+    tell([&](observer& x) { x.on_note(s); });
   }
   static std::string num(double v, int prec = 4) {
     char b[64];
     std::snprintf(b, sizeof b, "%.*f", prec, v);
     return b;
   }
-  void banner(std::uint64_t train, std::uint64_t test) {
-    std::size_t params = 0;
-    for (auto s : sizes_) params += s;
-    std::string desc;
-    if constexpr (requires { g_.description(); }) desc = " (" + g_.description() + ")";
-    std::string line = "kft ddp: " + (o_.label.empty() ? std::string() : o_.label + ", ") + std::to_string(g_.size()) +
-                       " rank(s)" + desc +
-                       (o_.threads ? ", " + std::to_string(o_.threads) + " compute thread(s) per rank" : std::string()) +
-                       "\n  " + std::to_string(params) + " parameters in " + std::to_string(tensors_.size()) +
-                       " tensors, " + std::to_string(r_->buckets().size()) + " bucket(s); " + opt_.name() +
-                       "; batch " +
-                       (o_.deterministic ? std::to_string(o_.global_batch) + " global in " +
-                                               std::to_string(o_.micro_shards) + " fixed shards (deterministic)"
-                                         : std::to_string(o_.batch) + " per rank, " + std::to_string(o_.global_batch) +
-                                               " global") +
-                       (o_.accumulate > 1 ? " x " + std::to_string(o_.accumulate) + " accumulated" : std::string()) +
-                       (o_.zero_stage ? "; ZeRO-1: optimizer state sharded over " + std::to_string(g_.size()) +
-                                            " rank(s), " + std::to_string(optimizer_state_bytes() >> 10) + " KiB here"
-                                      : std::string()) +
-                       "; " + std::to_string(train) + " training / " + std::to_string(test) + " test samples";
-    note(line);
-    if (reporting() && !o_.quiet) {
-      tty_ = ::isatty(2) == 1;
-      std::fprintf(stdout, "| epoch | train loss | train acc | test loss | test acc | time (s) | samples/s | exposed comm |\n"
-                           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-      std::fflush(stdout);
-    }
-    log("{\"event\":\"start\",\"ranks\":" + std::to_string(g_.size()) + ",\"threads\":" + std::to_string(o_.threads) +
-        ",\"parameters\":" + std::to_string(params) + ",\"buckets\":" + std::to_string(r_->buckets().size()) +
-        ",\"global_batch\":" + std::to_string(o_.global_batch) + ",\"deterministic\":" +
-        (o_.deterministic ? "true" : "false") + ",\"resumed_from\":" + std::to_string(resumed_step_) + "}");
-  }
-  void progress(std::uint64_t e, std::uint64_t k, std::uint64_t total, const batch_stats& s, clk::duration d) {
-    if (!reporting() || o_.quiet || !tty_) return;
-    const auto now = clk::now();
-    if (k != total && now - last_draw_ < std::chrono::milliseconds(200)) return;
-    last_draw_ = now;
-    const double frac = total ? static_cast<double>(k) / static_cast<double>(total) : 1.0;
-    const int width = 30, fill = static_cast<int>(frac * width);
-    std::string bar(static_cast<std::size_t>(fill), '#');
-    bar.resize(width, '.');
-    const double secs = std::chrono::duration<double>(d).count();
-    std::fprintf(stderr, "\r  epoch %llu/%llu [%s] %3.0f%%  loss %.4f  acc %.3f  %.0f samples/s ",
-                 static_cast<unsigned long long>(e + 1), static_cast<unsigned long long>(o_.epochs), bar.c_str(),
-                 frac * 100.0, s.count ? s.loss_sum / static_cast<double>(s.count) : 0.0,
-                 s.count ? static_cast<double>(s.correct) / static_cast<double>(s.count) : 0.0,
-                 secs > 0 ? static_cast<double>(s.count) * g_.size() / secs : 0.0);
-    if (k == total) std::fprintf(stderr, "\r%*s\r", 110, "");
-    std::fflush(stderr);
+  run_info run_description(std::uint64_t train, std::uint64_t test) {
+    run_info r;
+    r.rank = g_.rank();
+    r.ranks = g_.size();
+    r.label = o_.label;
+    if constexpr (requires { g_.description(); }) r.group = g_.description();
+    r.threads = o_.threads;
+    for (auto s : sizes_) r.parameters += s;
+    r.tensors = tensors_.size();
+    r.buckets = r_->buckets().size();
+    r.optimizer = opt_.name();
+    r.batch = (o_.deterministic ? std::to_string(o_.global_batch) + " global in " + std::to_string(o_.micro_shards) +
+                                      " fixed shards (deterministic)"
+                                : std::to_string(o_.batch) + " per rank, " + std::to_string(o_.global_batch) + " global") +
+              (o_.accumulate > 1 ? " x " + std::to_string(o_.accumulate) + " accumulated" : std::string());
+    if (o_.zero_stage)
+      r.sharding = "ZeRO-1: optimizer state sharded over " + std::to_string(g_.size()) + " rank(s), " +
+                   std::to_string(optimizer_state_bytes() >> 10) + " KiB here";
+    r.epochs = o_.epochs;
+    r.train_samples = train;
+    r.eval_samples = test;
+    r.evaluates = test > 0;
+    r.deterministic = o_.deterministic;
+    r.global_batch = o_.global_batch;
+    r.resumed_from = resumed_step_;
+    r.metrics = &ms_;
+    return r;
   }
   void record_eval(fit_summary& sum, double train_seconds) {
-    const batch_stats t = evaluate(test_size_);
-    eval_point p;
-    p.step = step_;
-    p.train_seconds = train_seconds;
-    p.loss = t.count ? t.loss_sum / static_cast<double>(t.count) : 0.0;
-    p.accuracy = t.count ? static_cast<double>(t.correct) / static_cast<double>(t.count) : 0.0;
-    p.epoch = static_cast<double>(sampler_->epoch()) +
-              static_cast<double>(sampler_->cursor()) / static_cast<double>(sampler_->epoch_length());
-    sum.evals.push_back(p);
-    if (o_.target_accuracy > 0 && !sum.seconds_to_target && p.accuracy >= o_.target_accuracy)
-      sum.seconds_to_target = train_seconds;
-    log("{\"event\":\"eval\",\"step\":" + std::to_string(p.step) + ",\"epoch\":" + num(p.epoch) +
-        ",\"train_seconds\":" + num(p.train_seconds) + ",\"test_loss\":" + num(p.loss) +
-        ",\"test_accuracy\":" + num(p.accuracy) + "}");
-  }
-  void epoch_line(std::uint64_t e, const double tot[3], double train_s, double comm_s, const eval_point& ev) {
-    const double loss = tot[2] > 0 ? tot[0] / tot[2] : 0.0, acc = tot[2] > 0 ? tot[1] / tot[2] : 0.0;
-    const double rate = train_s > 0 ? tot[2] / train_s : 0.0;
-    if (reporting() && !o_.quiet) {
-      std::fprintf(stdout, "| %llu | %.4f | %.4f | %.4f | %.4f | %.2f | %.0f | %.1f%% |\n",
-                   static_cast<unsigned long long>(e + 1), loss, acc, ev.loss, ev.accuracy, train_s, rate,
-                   train_s > 0 ? 100.0 * comm_s / train_s : 0.0);
-      std::fflush(stdout);
+    if constexpr (evaluable<M>) {
+      const stats t = evaluate(test_size_);
+      eval_point p;
+      p.step = step_;
+      p.train_seconds = train_seconds;
+      p.loss = t.mean_loss();
+      p.metrics = reported(t);
+      if (const std::size_t a = ms_.find("accuracy"); a < ms_.size()) p.accuracy = p.metrics[a];
+      p.epoch = static_cast<double>(sampler_->epoch()) +
+                static_cast<double>(sampler_->cursor()) / static_cast<double>(sampler_->epoch_length());
+      sum.evals.push_back(p);
+      if (!target_.metric.empty() && !sum.seconds_to_target) {
+        const double v = target_.metric == "loss" ? p.loss : p.metrics[ms_.find(target_.metric)];
+        if (target_.at_most ? v <= target_.value : v >= target_.value) {
+          sum.seconds_to_target = train_seconds;
+          sum.epoch_to_target = p.epoch;
+        }
+      }
+      tell([&](observer& x) { x.on_eval(sum.evals.back()); });
+    } else {
+      (void)sum, (void)train_seconds;
     }
-    log("{\"event\":\"epoch\",\"epoch\":" + std::to_string(e + 1) + ",\"train_loss\":" + num(loss) +
-        ",\"train_accuracy\":" + num(acc) + ",\"test_loss\":" + num(ev.loss) + ",\"test_accuracy\":" + num(ev.accuracy) +
-        ",\"seconds\":" + num(train_s) + ",\"samples_per_s\":" + num(rate, 1) + ",\"exposed_comm_seconds\":" +
-        num(comm_s) + "}");
-  }
-  void summary_line(const fit_summary& s) {
-    const double eff = o_.baseline_samples_per_s > 0
-                           ? s.samples_per_s / (o_.baseline_samples_per_s * static_cast<double>(g_.size()))
-                           : 0.0;
-    if (reporting()) {
-      std::string line = "summary: " + std::to_string(s.steps) + " steps, " + num(s.wall_seconds, 2) + " s in all (" +
-                         num(s.train_seconds, 2) + " s training), final test accuracy " + num(s.final_accuracy) + ", " +
-                         num(s.samples_per_s, 0) + " samples/s, exposed communication " +
-                         num(s.train_seconds > 0 ? 100.0 * s.exposed_comm_seconds / s.train_seconds : 0.0, 1) + "%";
-      if (o_.target_accuracy > 0)
-        line += s.seconds_to_target ? ", time to " + num(o_.target_accuracy, 2) + ": " + num(*s.seconds_to_target, 2) + " s"
-                                    : ", target " + num(o_.target_accuracy, 2) + " not reached";
-      if (eff > 0) line += ", weak-scaling efficiency vs 1 rank " + num(100.0 * eff, 0) + "%";
-      std::fprintf(stdout, "%s\n", line.c_str());
-      std::fflush(stdout);
-    }
-    log("{\"event\":\"summary\",\"steps\":" + std::to_string(s.steps) + ",\"wall_seconds\":" + num(s.wall_seconds) +
-        ",\"train_seconds\":" + num(s.train_seconds) + ",\"final_accuracy\":" + num(s.final_accuracy) +
-        ",\"samples_per_s\":" + num(s.samples_per_s, 1) + ",\"exposed_comm_seconds\":" + num(s.exposed_comm_seconds) +
-        ",\"seconds_to_target\":" + (s.seconds_to_target ? num(*s.seconds_to_target) : std::string("null")) +
-        ",\"weak_scaling_efficiency\":" + (eff > 0 ? num(eff) : std::string("null")) +
-        ",\"optimizer_seconds\":" + num(s.optimizer_seconds) + ",\"optimizer_state_bytes\":" +
-        std::to_string(optimizer_state_bytes()) + ",\"zero_stage\":" + std::to_string(o_.zero_stage) + ",\"parameters_hash\":\"" +
-        std::to_string(parameters_hash()) + "\"}");
-  }
-
- public:
-  ~trainer() {
-    if (log_) std::fclose(log_);
   }
 
  private:
@@ -1181,9 +1133,12 @@ class trainer {
   std::vector<std::size_t> piece_sizes_;
   std::vector<float> staging_;       // ZeRO-1: one bucket, for the allgathers
   mutable std::vector<float> scratch_;  // device groups: a tensor copied to the host (hashes, checks)
-  bool first_micro_ = false, last_micro_ = false, local_bad_ = false, tty_ = false;
-  clk::time_point last_draw_{};
-  std::FILE* log_ = nullptr;
+  bool first_micro_ = false, last_micro_ = false, local_bad_ = false;
+  metric_set ms_;
+  trainer_options::goal target_;
+  std::optional<fixed_point> fixed_;     // deterministic mode's arithmetic
+  std::optional<console_report> console_;
+  std::vector<observer*> observers_;     // console_ first, then trainer_options::observers
 };
 
 }  // namespace ddp

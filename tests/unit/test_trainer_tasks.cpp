@@ -1,0 +1,348 @@
+// SPDX-License-Identifier: Apache-2.0
+// The trainer beyond classifiers: a regression model with named metrics of every kind (sums
+// as means, a maximum, a minimum) reduced over the ranks and checked against values computed
+// here from the data; training without evaluations; targets on the loss and on a metric;
+// observers; and the bad inputs (metrics that differ between ranks, a target the model does
+// not report, a test set for a model that cannot evaluate). Ranks are threads over the
+// shared-memory transport.
+#define BOOST_TEST_MODULE kft_trainer_tasks
+#include <boost/test/unit_test.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <kft/ddp/optim.hpp>
+#include <kft/ddp/trainer.hpp>
+#include <kft/group/process_group.hpp>
+
+#include "../common/shm_ranks.hpp"
+
+using namespace std::chrono_literals;
+namespace ddp = kft::ddp;
+
+namespace {
+
+std::vector<std::string> with_ranks(int p, const std::function<void(kft::group::process_group&)>& body) {
+  return kft_test::with_shm_ranks(p, body, {.pool = 8u << 20, .timeout = 30s});
+}
+
+// y = 3 x0 - 2 x1 + 0.5 + noise-free; a linear model w . x + b fitted by the mean squared error.
+// Sample i's inputs are a fixed function of i, so every rank (and this test) knows the data.
+struct data_point {
+  double x0, x1, y;
+};
+data_point sample(std::uint32_t i) {
+  const double x0 = std::sin(0.37 * i), x1 = std::cos(0.11 * i * i + 0.3);
+  return {x0, x1, 3.0 * x0 - 2.0 * x1 + 0.5};
+}
+
+// A regression: loss = squared error; metrics: abs_error (a mean), max_abs_error (a maximum,
+// reported as it is), min_target (a minimum over the samples seen, as it is).
+struct regression {
+  std::vector<float> w = std::vector<float>(2, 0.0f), b = std::vector<float>(1, 0.0f);
+  bool with_metrics = true;
+  bool renamed = false;  // a different metric list (the mismatch test)
+  std::vector<ddp::tensor_ref> parameters() { return {{"w", w}, {"b", b}}; }
+  std::vector<ddp::metric> metrics() const {
+    if (!with_metrics) return {};
+    return {{renamed ? "abs_err" : "abs_error"},
+            {"max_abs_error", ddp::metric_op::max, false},
+            {"min_target", ddp::metric_op::min, false}};
+  }
+  ddp::stats run(std::span<const std::uint32_t> idx, ddp::gradients* g) {
+    ddp::stats s;
+    s.values[1] = -std::numeric_limits<double>::infinity();
+    s.values[2] = std::numeric_limits<double>::infinity();
+    double gw0 = 0, gw1 = 0, gb = 0;
+    for (auto i : idx) {
+      const auto d = sample(i);
+      const double pred = w[0] * d.x0 + w[1] * d.x1 + b[0], err = pred - d.y;
+      s.loss_sum += err * err;
+      s.count += 1;
+      s.values[0] += std::fabs(err);
+      s.values[1] = std::max(s.values[1], std::fabs(err));
+      s.values[2] = std::min(s.values[2], d.y);
+      gw0 += 2 * err * d.x0, gw1 += 2 * err * d.x1, gb += 2 * err;
+    }
+    if (g) {
+      const double n = static_cast<double>(idx.size());
+      auto put = [&](std::size_t k, std::size_t e, double v) {
+        (*g)[k][e] = static_cast<float>((g->accumulate() ? (*g)[k][e] : 0.0f) + v / n);
+      };
+      put(1, 0, gb);
+      g->ready(1);
+      put(0, 0, gw0);
+      put(0, 1, gw1);
+      g->ready(0);
+    }
+    return s;
+  }
+  ddp::stats forward_backward(std::span<const std::uint32_t> idx, ddp::gradients& g) { return run(idx, &g); }
+  ddp::stats evaluate(std::span<const std::uint32_t> idx) { return run(idx, nullptr); }
+};
+
+// The same model without evaluate(): fit() trains only.
+struct train_only {
+  regression r;
+  std::vector<ddp::tensor_ref> parameters() { return r.parameters(); }
+  ddp::stats forward_backward(std::span<const std::uint32_t> idx, ddp::gradients& g) {
+    r.with_metrics = false;
+    return r.forward_backward(idx, g);
+  }
+};
+
+// Records what the trainer tells its observers.
+struct recorder : ddp::observer {
+  std::vector<ddp::epoch_point> epochs;
+  std::vector<ddp::eval_point> evals;
+  std::vector<std::uint64_t> progress_steps;
+  int starts = 0, summaries = 0;
+  std::vector<std::string> metric_names;
+  void on_start(const ddp::run_info& r) override {
+    ++starts;
+    for (const auto& m : r.metrics->list()) metric_names.push_back(m.name);
+  }
+  void on_progress(const ddp::progress_point& p) override { progress_steps.push_back(p.step); }
+  void on_eval(const ddp::eval_point& e) override { evals.push_back(e); }
+  void on_epoch(const ddp::epoch_point& e) override {
+    epochs.push_back(e);
+    if (e.eval) epochs.back().eval = nullptr;  // (the pointer is the trainer's; keep the values only)
+  }
+  void on_summary(const ddp::fit_summary&) override { ++summaries; }
+};
+
+bool none(const std::vector<std::string>& errors) {
+  for (const auto& e : errors)
+    if (!e.empty()) {
+      BOOST_TEST_MESSAGE("rank error: " << e);
+      return false;
+    }
+  return true;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_regression_reports_its_metrics_reduced_over_the_ranks) {
+  constexpr std::uint64_t train = 240, test = 101;
+  for (int world : {1, 3}) {
+    std::vector<ddp::fit_summary> sums(static_cast<std::size_t>(world));
+    std::vector<recorder> recs(static_cast<std::size_t>(world));
+    std::vector<ddp::stats> before(static_cast<std::size_t>(world));
+    auto errors = with_ranks(world, [&](kft::group::process_group& g) {
+      regression m;
+      ddp::sgd opt({.lr = 0.1f});
+      ddp::trainer_options o;
+      o.batch = 8;
+      o.epochs = 3;
+      o.quiet = true;
+      o.observers = {&recs[static_cast<std::size_t>(g.rank())]};
+      ddp::trainer t(g, m, opt, o);
+      before[static_cast<std::size_t>(g.rank())] = t.evaluate(test);
+      sums[static_cast<std::size_t>(g.rank())] = t.fit(train, test);
+    });
+    BOOST_TEST_REQUIRE(none(errors));
+    // The evaluation of the untrained model (w = 0, b = 0: the error is -y) against the data.
+    double sum_abs = 0, max_abs = 0, min_y = 1e300, sq = 0;
+    for (std::uint32_t i = 0; i < test; ++i) {
+      const double y = sample(i).y;
+      sum_abs += std::fabs(y), max_abs = std::max(max_abs, std::fabs(y)), min_y = std::min(min_y, y), sq += y * y;
+    }
+    for (int r = 0; r < world; ++r) {
+      const auto& b = before[static_cast<std::size_t>(r)];
+      BOOST_TEST(b.count == static_cast<double>(test));
+      BOOST_TEST(b.loss_sum == sq, boost::test_tools::tolerance(1e-9));
+      BOOST_TEST(b.values[0] == sum_abs, boost::test_tools::tolerance(1e-9));
+      BOOST_TEST(b.values[1] == max_abs);  // a maximum over ranks: exact
+      BOOST_TEST(b.values[2] == min_y);    // a minimum over ranks: exact
+    }
+    // Training: the loss falls far below the start on every rank, and every rank reports the same.
+    const auto& s0 = sums[0];
+    BOOST_TEST(s0.final_loss < 0.05 * sq / test);
+    BOOST_TEST(s0.final_metrics.size() == 3u);
+    BOOST_TEST(s0.final_metrics[2] == min_y);  // min_target is a property of the data
+    BOOST_TEST(s0.final_metrics[1] >= s0.final_metrics[0]);  // the largest error >= the mean error
+    BOOST_TEST(s0.final_accuracy == 0.0);  // no metric called accuracy
+    for (int r = 1; r < world; ++r) {
+      BOOST_TEST(sums[static_cast<std::size_t>(r)].final_loss == s0.final_loss);
+      BOOST_TEST(sums[static_cast<std::size_t>(r)].final_metrics == s0.final_metrics);
+    }
+    // The observers: every rank told of the start, 3 epochs with the training metrics, one
+    // evaluation per epoch, a progress call per step, the summary.
+    for (const auto& rec : recs) {
+      BOOST_TEST(rec.starts == 1);
+      BOOST_TEST(rec.summaries == 1);
+      BOOST_TEST((rec.metric_names == std::vector<std::string>{"abs_error", "max_abs_error", "min_target"}));
+      BOOST_TEST_REQUIRE(rec.epochs.size() == 3u);
+      BOOST_TEST(rec.evals.size() == 3u);
+      BOOST_TEST(rec.progress_steps.size() == s0.steps);
+      for (const auto& e : rec.epochs) {
+        BOOST_TEST(e.metrics.size() == 3u);
+        BOOST_TEST(e.metrics[1] >= e.metrics[0]);
+      }
+      BOOST_TEST(rec.epochs[2].loss < rec.epochs[0].loss);
+      BOOST_TEST(rec.evals.back().loss == s0.final_loss);
+    }
+    // The first epoch's min_target covers every training sample: the minimum over all of them.
+    double min_train = 1e300;
+    for (std::uint32_t i = 0; i < train; ++i) min_train = std::min(min_train, sample(i).y);
+    BOOST_TEST(recs[0].epochs[0].metrics[2] == min_train);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(targets_on_the_loss_and_on_a_metric_are_timed) {
+  auto errors = with_ranks(2, [&](kft::group::process_group& g) {
+    for (int kind = 0; kind < 3; ++kind) {
+      regression m;
+      ddp::sgd opt({.lr = 0.1f});
+      ddp::trainer_options o;
+      o.batch = 8;
+      o.epochs = 4;
+      o.quiet = true;
+      o.eval_every = 5;
+      if (kind == 0) o.target = {"loss", 0.05, true};
+      if (kind == 1) o.target = {"abs_error", 0.2, true};
+      if (kind == 2) o.target = {"loss", -1.0, true};  // never reached
+      ddp::trainer t(g, m, opt, o);
+      const auto s = t.fit(200, 50);
+      if (kind < 2) {
+        BOOST_TEST_REQUIRE(s.seconds_to_target.has_value());
+        BOOST_TEST_REQUIRE(s.epoch_to_target.has_value());
+        // The first evaluation at or below the target is the one timed, and none before it was.
+        std::size_t first = s.evals.size();
+        for (std::size_t k = 0; k < s.evals.size() && first == s.evals.size(); ++k) {
+          const double v = kind == 0 ? s.evals[k].loss : s.evals[k].metrics[0];
+          if (v <= (kind == 0 ? 0.05 : 0.2)) first = k;
+        }
+        BOOST_TEST_REQUIRE(first < s.evals.size());
+        BOOST_TEST(*s.seconds_to_target == s.evals[first].train_seconds);
+        BOOST_TEST(*s.epoch_to_target == s.evals[first].epoch);
+        BOOST_TEST(s.target == (kind == 0 ? "loss <= 0.05" : "abs_error <= 0.2"));
+      } else {
+        BOOST_TEST(!s.seconds_to_target.has_value());
+      }
+    }
+  });
+  BOOST_TEST(none(errors));
+}
+
+BOOST_AUTO_TEST_CASE(a_model_without_evaluate_trains_and_logs_its_loss) {
+  const auto log = std::filesystem::temp_directory_path() / ("kft-tasks-" + std::to_string(::getpid()) + ".jsonl");
+  std::filesystem::remove(log);
+  std::vector<double> losses(2);
+  auto errors = with_ranks(2, [&](kft::group::process_group& g) {
+    train_only m;
+    ddp::sgd opt({.lr = 0.1f});
+    ddp::trainer_options o;
+    o.batch = 8;
+    o.epochs = 2;
+    o.quiet = true;
+    o.log_json = log.string();
+    ddp::trainer t(g, m, opt, o);
+    BOOST_TEST(t.metrics().size() == 0u);
+    const auto s = t.fit(160);
+    BOOST_TEST(s.evals.empty());
+    BOOST_TEST(s.steps == 20u);
+    losses[static_cast<std::size_t>(g.rank())] = s.final_loss;
+  });
+  BOOST_TEST_REQUIRE(none(errors));
+  std::ifstream in(log);
+  std::string line, text;
+  int epochs = 0;
+  while (std::getline(in, line)) {
+    text += line + "\n";
+    if (line.find("\"event\":\"epoch\"") != std::string::npos) {
+      ++epochs;
+      BOOST_TEST(line.find("\"train_loss\":") != std::string::npos);
+      BOOST_TEST(line.find("test_") == std::string::npos);  // no evaluation, no test columns
+    }
+  }
+  BOOST_TEST(epochs == 2);
+  BOOST_TEST(text.find("\"metrics\":[]") != std::string::npos);
+  std::filesystem::remove(log);
+}
+
+BOOST_AUTO_TEST_CASE(bad_inputs_are_named_without_a_hang) {
+  // Metrics that differ between ranks: every rank stops at the start, naming the rank.
+  auto errors = with_ranks(3, [&](kft::group::process_group& g) {
+    regression m;
+    m.renamed = g.rank() == 2;
+    ddp::sgd opt;
+    ddp::trainer_options o;
+    o.quiet = true;
+    ddp::trainer t(g, m, opt, o);
+  });
+  for (const auto& e : errors) {
+    BOOST_TEST(e.find("metrics differ between ranks: rank(s) 2") != std::string::npos, e);
+  }
+  BOOST_TEST(errors[2].find("abs_err:sum:mean") != std::string::npos, errors[2]);
+
+  // A target on a metric the model does not report; a test set for a model without evaluate().
+  errors = with_ranks(1, [&](kft::group::process_group& g) {
+    regression m;
+    ddp::sgd opt;
+    ddp::trainer_options o;
+    o.quiet = true;
+    o.target = {"accuracy", 0.9, false};
+    ddp::trainer t(g, m, opt, o);
+  });
+  BOOST_TEST(errors[0].find("the target's metric 'accuracy' is not one the model reports (loss, abs_error, "
+                            "max_abs_error, min_target)") != std::string::npos,
+             errors[0]);
+  errors = with_ranks(1, [&](kft::group::process_group& g) {
+    train_only m;
+    ddp::sgd opt;
+    ddp::trainer_options o;
+    o.quiet = true;
+    ddp::trainer t(g, m, opt, o);
+    t.fit(16, 16);
+  });
+  BOOST_TEST(errors[0].find("given 16 test samples but the model has no evaluate(samples)") != std::string::npos,
+             errors[0]);
+  errors = with_ranks(1, [&](kft::group::process_group& g) {
+    regression m;
+    ddp::sgd opt;
+    ddp::trainer_options o;
+    o.quiet = true;
+    o.target = {"loss", 0.1, true};
+    ddp::trainer t(g, m, opt, o);
+    t.fit(16);
+  });
+  BOOST_TEST(errors[0].find("a target (loss <= 0.1) needs evaluations") != std::string::npos, errors[0]);
+}
+
+BOOST_AUTO_TEST_CASE(metric_names_are_words_used_once) {
+  struct named {
+    regression r;
+    std::vector<ddp::metric> list;
+    std::vector<ddp::tensor_ref> parameters() { return r.parameters(); }
+    std::vector<ddp::metric> metrics() const { return list; }
+    ddp::stats forward_backward(std::span<const std::uint32_t> idx, ddp::gradients& g) { return r.forward_backward(idx, g); }
+  };
+  const std::vector<std::pair<std::vector<ddp::metric>, std::string>> bad = {
+      {{{"a b"}}, "metric 0 is named 'a b'"},
+      {{{"loss"}}, "metric 0 is named 'loss'"},
+      {{{"x"}, {"x"}}, "metric 1 is named 'x'"},
+      {{{""}}, "metric 0 is named ''"},
+      {std::vector<ddp::metric>(ddp::stats::max_metrics + 1, ddp::metric{"m"}), "reports 9 metrics; at most 8"}};
+  for (const auto& [list, says] : bad) {
+    auto errors = with_ranks(1, [&](kft::group::process_group& g) {
+      named m;
+      m.list = list;
+      ddp::sgd opt;
+      ddp::trainer_options o;
+      o.quiet = true;
+      ddp::trainer t(g, m, opt, o);
+    });
+    BOOST_TEST(errors[0].find(says) != std::string::npos, errors[0]);
+  }
+}
