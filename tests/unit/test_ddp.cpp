@@ -368,3 +368,96 @@ BOOST_AUTO_TEST_CASE(deterministic_results_do_not_depend_on_caps_or_arrival_orde
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_CASE(the_trailer_rides_in_the_last_bucket_with_no_collective_of_its_own) {
+  for (const auto type : {kft::dtype::f32, kft::dtype::i64, kft::dtype::f64}) {
+    const auto errors = with_ranks(3, [&](kft::group::process_group& g) {
+      ddp::reducer r(g, model({{1000, kft::dtype::f32}, {1000, kft::dtype::f32}, {1000, kft::dtype::f32}}),
+                     {.limits = {.first_bucket_bytes = 4000, .bucket_bytes_cap = 8001}, .trailer = 2, .trailer_type = type});
+      if (r.parameters() != 3u) throw std::runtime_error("the trailer counts as a parameter");
+      // Of the gradients' type: in their last bucket; of another: a bucket of its own, last.
+      const std::size_t want_buckets = type == kft::dtype::f32 ? 2u : 3u;
+      if (r.buckets().size() != want_buckets) throw std::runtime_error("buckets: " + std::to_string(r.buckets().size()));
+      if (r.buckets().back().back() != 3u) throw std::runtime_error("the trailer is not the last bucket's last member");
+      if (r.holds_gradients(r.buckets().size() - 1) != (type == kft::dtype::f32))
+        throw std::runtime_error("holds_gradients() is wrong for the trailer's bucket");
+      for (int s = 0; s < 3; ++s) {  // the second step runs on the rebuilt layout
+        const auto before = g.sequence();
+        for (std::size_t i = 0; i < 3; ++i) {
+          auto v = r.gradient<float>(i);
+          std::fill(v.begin(), v.end(), static_cast<float>(g.rank() + 1));
+          r.mark_ready(i);
+        }
+        const std::size_t launched = g.sequence() - before;
+        if (launched != want_buckets - 1) throw std::runtime_error("the last bucket launched before finish()");
+        if (type == kft::dtype::i64) {
+          auto t = r.trailer<std::int64_t>();
+          t[0] = g.rank() + 1, t[1] = 10 * (g.rank() + 1);
+        } else if (type == kft::dtype::f64) {
+          auto t = r.trailer<double>();
+          t[0] = g.rank() + 1, t[1] = 10 * (g.rank() + 1);
+        } else {
+          auto t = r.trailer<float>();
+          t[0] = static_cast<float>(g.rank() + 1), t[1] = static_cast<float>(10 * (g.rank() + 1));
+        }
+        r.finish();
+        const std::size_t rebuild = s == 0 ? 1 : 0;  // step 1's finish() broadcasts the observed order
+        if (g.sequence() - before != want_buckets + rebuild)
+          throw std::runtime_error("the trailer cost a collective of its own");
+        // The default hook averages: (1 + 2 + 3) / 3 = 2 (integers are summed by a sum hook, averaged here: 2).
+        double t0 = 0, t1 = 0;
+        if (type == kft::dtype::i64) t0 = static_cast<double>(r.trailer<std::int64_t>()[0]), t1 = static_cast<double>(r.trailer<std::int64_t>()[1]);
+        else if (type == kft::dtype::f64) t0 = r.trailer<double>()[0], t1 = r.trailer<double>()[1];
+        else t0 = r.trailer<float>()[0], t1 = r.trailer<float>()[1];
+        if (t0 != 2.0 || t1 != 20.0)
+          throw std::runtime_error("trailer " + std::to_string(t0) + ", " + std::to_string(t1) + " (want 2, 20)");
+        if (r.gradient<float>(2)[999] != 2.0f) throw std::runtime_error("a gradient was not averaged");
+      }
+    });
+    BOOST_TEST(none(errors));
+  }
+  // Misuse is named.
+  const auto errors = with_ranks(1, [&](kft::group::process_group& g) {
+    ddp::reducer r(g, model({{10, kft::dtype::f32}}), {.trailer = 2, .trailer_type = kft::dtype::f64});
+    (void)r.trailer<float>();
+  });
+  BOOST_TEST(errors[0].find("trailer<f32>(): the trailer holds f64") != std::string::npos, errors[0]);
+  const auto none_here = with_ranks(1, [&](kft::group::process_group& g) {
+    ddp::reducer r(g, model({{10, kft::dtype::f32}}));
+    (void)r.trailer<float>();
+  });
+  BOOST_TEST(none_here[0].find("this reducer has none") != std::string::npos, none_here[0]);
+}
+
+BOOST_AUTO_TEST_CASE(shards_cover_every_gradient_element_once_across_the_ranks) {
+  for (int world : {1, 2, 3, 4}) {
+    const auto errors = with_ranks(1, [&](kft::group::process_group& g) {
+      const auto n = static_cast<std::size_t>(world);
+      ddp::reducer r(g, model({{7, kft::dtype::f32}, {1001, kft::dtype::f32}, {3, kft::dtype::f32}, {500, kft::dtype::f32}}),
+                     {.limits = {.first_bucket_bytes = 2000, .bucket_bytes_cap = 3000}, .bucket_multiple = n,
+                      .trailer = 2, .trailer_type = kft::dtype::f64});
+      std::vector<std::vector<int>> seen(4);
+      for (std::size_t i = 0; i < 4; ++i) seen[i].assign(r.param(i).count, 0);
+      for (int rank = 0; rank < world; ++rank) {
+        std::size_t last_bucket = 0;
+        for (const auto& s : r.shard(rank, world)) {
+          const std::size_t per = r.bucket_elements(s.bucket) / n;
+          if (s.bucket < last_bucket) throw std::runtime_error("pieces out of bucket order");
+          last_bucket = s.bucket;
+          if (s.at < static_cast<std::size_t>(rank) * per || s.at + s.count > static_cast<std::size_t>(rank + 1) * per)
+            throw std::runtime_error("a piece outside rank " + std::to_string(rank) + "'s slice");
+          if (s.at != r.offset_in_bucket(s.param) + s.offset) throw std::runtime_error("a piece's position is wrong");
+          for (std::size_t e = 0; e < s.count; ++e) ++seen[s.param][s.offset + e];
+        }
+      }
+      for (std::size_t i = 0; i < 4; ++i)
+        for (std::size_t e = 0; e < seen[i].size(); ++e)
+          if (seen[i][e] != 1)
+            throw std::runtime_error(std::to_string(world) + " ranks: element " + std::to_string(e) + " of parameter " +
+                                     std::to_string(i) + " is in " + std::to_string(seen[i][e]) + " shards");
+      if (world > 1) (void)r.shard(world, world);  // not a rank of that many
+    });
+    if (world == 1) BOOST_TEST(none(errors));
+    else BOOST_TEST(errors[0].find("not a rank of that many") != std::string::npos, errors[0]);
+  }
+}

@@ -30,6 +30,11 @@
 /// does not complete (the group's deadline; the message names the bucket, the step and its
 /// parameters). The layout's fingerprint is the collectives' tag, so ranks with different
 /// buckets fail the transport's signature check instead of adding wrong numbers.
+///
+/// A caller's own small values can ride with the gradients (`reducer_options::trailer`): they
+/// sit in the bucket launched last, which `finish()` launches, so a trainer's step counters
+/// travel with no collective of their own. For reduce-scatter hooks (ZeRO), `shard(r, n)`
+/// answers which pieces of which parameters fall in rank r's slice of every bucket.
 #pragma once
 
 #include <algorithm>
@@ -80,6 +85,10 @@ struct reducer_options {
   /// GPU groups (kft/ddp/cuda.hpp): the CUDA stream the backward pass runs on (a cudaStream_t;
   /// nullptr = the legacy default stream). Ignored by host groups.
   void* stream = nullptr;
+  /// Values of the caller's own (`trailer<T>()`), reduced by the hook with the bucket that
+  /// `finish()` launches last (of their type: one of their own when no gradient has it). 0: none.
+  std::size_t trailer = 0;
+  dtype trailer_type = dtype::f32;
 };
 
 template <async_communicator Group = group::process_group, comm_hook<Group> Hook = allreduce_avg>
@@ -89,18 +98,23 @@ class reducer {
   /// dtype, number, in order), assigns the buckets and allocates their storage.
   /// @throws mismatch_error naming the first parameter that differs and two ranks
   reducer(Group& g, std::vector<parameter> params, reducer_options o = {}, Hook hook = {})
-      : g_(g), params_(std::move(params)), o_(o), hook_(std::move(hook)), mem_(g, o.stream) {
+      : g_(g), params_(std::move(params)), o_(o), hook_(std::move(hook)), mem_(g, o.stream), user_(params_.size()) {
     if (params_.empty()) throw usage_error("a reducer needs at least one parameter", site("ddp reducer"));
     if (memory::on_device && o_.find_unused_parameters)
       throw usage_error("find_unused_parameters is not available for a reducer over a GPU group yet",
                         site("ddp reducer"));
+    // The trailer: an internal last parameter, taken last (so it lands in the last bucket of its type).
+    if (o_.trailer) params_.push_back({o_.trailer, o_.trailer_type, "kft.reducer.trailer"});
     verify_across_ranks();
     if (o_.auto_bucket_cap) {
       link_ = measure_link();
       o_.limits.bucket_bytes_cap = choose_bucket_cap(link_, o_.auto_overhead);
       o_.limits.first_bucket_bytes = std::min(o_.limits.first_bucket_bytes, o_.limits.bucket_bytes_cap);
     }
-    layout(assign_buckets(params_, o_.limits));
+    std::vector<std::size_t> order;  // reverse registration order, the trailer last
+    for (std::size_t i = user_; i-- > 0;) order.push_back(i);
+    if (o_.trailer) order.push_back(user_);
+    layout(assign_buckets(params_, o_.limits, order));
     ready_.assign(params_.size(), 0);
     observed_.reserve(params_.size());
     if (o_.find_unused_parameters) usage_.assign(params_.size(), 0);
@@ -109,8 +123,12 @@ class reducer {
   reducer& operator=(const reducer&) = delete;
   ~reducer() { settle(); }
 
-  std::size_t parameters() const noexcept { return params_.size(); }
-  const parameter& param(std::size_t i) const { return params_.at(i); }
+  std::size_t parameters() const noexcept { return user_; }
+  const parameter& param(std::size_t i) const {
+    check_index(i, "param");
+    return params_[i];
+  }
+  /// @brief Parameter indices per bucket; the trailer, when there is one, appears as index parameters().
   const bucket_assignment& buckets() const noexcept { return buckets_; }
   /// @brief Changes when the buckets are rebuilt (at most once, in the first synced step's finish()).
   std::uint64_t layout_version() const noexcept { return version_; }
@@ -134,6 +152,11 @@ class reducer {
   }
   /// @brief Bucket k's storage: its elements (padding included) and their type.
   std::size_t bucket_elements(std::size_t k) const { return store_.at(k).count; }
+  /// @brief True when bucket k holds gradients (false for a bucket of the trailer alone).
+  bool holds_gradients(std::size_t k) const {
+    const auto& b = buckets_.at(k);
+    return std::any_of(b.begin(), b.end(), [&](std::size_t i) { return i < user_; });
+  }
   dtype bucket_type(std::size_t k) const { return store_.at(k).type; }
   void* bucket_data(std::size_t k) { return store_.at(k).data; }
 
@@ -149,8 +172,57 @@ class reducer {
   }
   void* gradient_data(std::size_t i) {
     check_index(i, "gradient");
-    return store_[bucket_of_[i]].data + offset_of_[i] * size_of(params_[i].type);
+    return data_of(i);
   }
+  /// @brief The trailer's values (reducer_options::trailer): set them before finish(), read
+  /// them after it (reduced by the hook, e.g. averaged). Valid until layout_version() changes.
+  template <class T>
+  std::span<T> trailer() {
+    if (!o_.trailer) throw usage_error("trailer(): this reducer has none (reducer_options::trailer)", site("ddp trailer"));
+    if (dtype_of_v<T> != o_.trailer_type)
+      throw usage_error("trailer<" + std::string(name(dtype_of_v<T>)) + ">(): the trailer holds " +
+                            std::string(name(o_.trailer_type)),
+                        site("ddp trailer"));
+    return {static_cast<T*>(trailer_data()), o_.trailer};
+  }
+  void* trailer_data() {
+    if (!o_.trailer) throw usage_error("trailer(): this reducer has none (reducer_options::trailer)", site("ddp trailer"));
+    return data_of(user_);
+  }
+
+  /// @brief One parameter's piece of a rank's slice of a bucket.
+  struct slice {
+    std::size_t param = 0;   ///< the parameter
+    std::size_t offset = 0;  ///< its first element in the piece
+    std::size_t count = 0;
+    std::size_t bucket = 0;
+    std::size_t at = 0;      ///< the piece's first element within the bucket
+  };
+  /// @brief Rank `rank` of `ranks`' share of a reduce-scatter: the slice [r c/n, (r + 1) c/n)
+  /// of every gradient bucket (c its padded size, reducer_options::bucket_multiple = n), cut
+  /// into pieces of parameters, in bucket order (the trailer is never part of one).
+  std::vector<slice> shard(int rank, int ranks) const {
+    if (ranks < 1 || rank < 0 || rank >= ranks)
+      throw usage_error("shard(" + std::to_string(rank) + ", " + std::to_string(ranks) + "): not a rank of that many",
+                        site("ddp shard"));
+    const auto n = static_cast<std::size_t>(ranks), me = static_cast<std::size_t>(rank);
+    std::vector<slice> out;
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+      if (store_[k].count % n != 0)
+        throw usage_error("shard(): bucket " + std::to_string(k) + " holds " + std::to_string(store_[k].count) +
+                              " elements, not a multiple of " + std::to_string(n) + " (reducer_options::bucket_multiple)",
+                          site("ddp shard"));
+      const std::size_t per = store_[k].count / n, lo = me * per, hi = lo + per;
+      for (std::size_t i : buckets_[k]) {
+        if (i >= user_) continue;
+        const std::size_t off = offset_of_[i], len = params_[i].count;
+        const std::size_t a = std::max(lo, off), b = std::min(hi, off + len);
+        if (a < b) out.push_back({i, a - off, b - a, k, a});
+      }
+    }
+    return out;
+  }
+
   /// @brief Copies `bytes` from the host into the reducer's kind of memory at `dst` (a
   /// gradient, or any buffer of that kind) and back: memcpy for host groups; for device groups
   /// a copy that first waits for everything enqueued on the compute stream and is complete
@@ -168,17 +240,7 @@ class reducer {
   /// @throws usage_error when i was already marked in this step
   void mark_ready(std::size_t i) {
     check_index(i, "mark_ready");
-    if (ready_[i])
-      throw usage_error("parameter '" + params_[i].name + "' (index " + std::to_string(i) + ") was marked ready twice in " +
-                            "step " + std::to_string(step_ + 1) +
-                            " (is it used twice in the forward pass, or marked by two hooks?)",
-                        site("ddp mark_ready"));
-    ready_[i] = 1;
-    if (!syncing_) return;  // no_sync: gradients accumulate locally, nothing travels
-    if (o_.trace) o_.trace->instant(params_[i].name, "ready");
-    if (synced_ == 0) observed_.push_back(i);
-    if (!usage_.empty()) usage_[i] = 1;
-    if (--pending_[bucket_of_[i]] == 0) launch_ready();
+    mark(i);
   }
 
   /// @brief Waits for every bucket: afterwards every gradient is the average over the ranks.
@@ -191,9 +253,10 @@ class reducer {
       ++step_;
       return;
     }
+    if (o_.trailer && !ready_[user_]) mark(user_);  // the trailer's bucket goes last
     // Parameters this rank never marked.
     std::size_t first_unmarked = params_.size(), unmarked = 0;
-    for (std::size_t i = 0; i < params_.size(); ++i)
+    for (std::size_t i = 0; i < user_; ++i)
       if (!ready_[i]) {
         if (first_unmarked == params_.size()) first_unmarked = i;
         ++unmarked;
@@ -214,7 +277,7 @@ class reducer {
     if (unmarked) {  // find-unused mode: zero gradients, launched as if ready
       for (std::size_t i = 0; i < params_.size(); ++i)
         if (!ready_[i]) {
-          mem_.zero(gradient_data(i), params_[i].count * size_of(params_[i].type));
+          mem_.zero(data_of(i), params_[i].count * size_of(params_[i].type));
           ready_[i] = 1;
           if (--pending_[bucket_of_[i]] == 0) launch_ready();
         }
@@ -273,6 +336,23 @@ class reducer {
   sync_guard no_sync() { return sync_guard(*this); }
 
  private:
+  // Where parameter i (or the trailer, i == user_) lives.
+  void* data_of(std::size_t i) { return store_[bucket_of_[i]].data + offset_of_[i] * size_of(params_[i].type); }
+  // Marks i (a parameter or the trailer) ready; launches what became complete.
+  void mark(std::size_t i) {
+    if (ready_[i])
+      throw usage_error("parameter '" + params_[i].name + "' (index " + std::to_string(i) + ") was marked ready twice in " +
+                            "step " + std::to_string(step_ + 1) +
+                            " (is it used twice in the forward pass, or marked by two hooks?)",
+                        site("ddp mark_ready"));
+    ready_[i] = 1;
+    if (!syncing_) return;  // no_sync: gradients accumulate locally, nothing travels
+    if (o_.trace) o_.trace->instant(params_[i].name, "ready");
+    if (synced_ == 0) observed_.push_back(i);
+    if (!usage_.empty()) usage_[i] = 1;
+    if (--pending_[bucket_of_[i]] == 0) launch_ready();
+  }
+
   using memory = bucket_memory<Group>;
   struct storage {
     dtype type = dtype::f32;
@@ -293,9 +373,9 @@ class reducer {
     }
   }
   void check_index(std::size_t i, const char* what) const {
-    if (i >= params_.size())
+    if (i >= user_)
       throw usage_error(std::string(what) + "(" + std::to_string(i) + "): the reducer has " +
-                            std::to_string(params_.size()) + " parameters",
+                            std::to_string(user_) + " parameters",
                         site("ddp " + std::string(what)));
   }
   options opts() const {
@@ -432,7 +512,7 @@ class reducer {
     }
     if (!store_.empty())  // a rebuild: the step's gradients move with their parameters
       for (std::size_t i = 0; i < params_.size(); ++i)
-        mem_.copy(fresh[bucket_of[i]].data + offset_of[i] * size_of(params_[i].type), gradient_data(i),
+        mem_.copy(fresh[bucket_of[i]].data + offset_of[i] * size_of(params_[i].type), data_of(i),
                   params_[i].count * size_of(params_[i].type));
     store_ = std::move(fresh);
     buckets_ = std::move(b);
@@ -527,6 +607,7 @@ class reducer {
   reducer_options o_;
   Hook hook_;
   memory mem_;
+  std::size_t user_;  // the caller's parameters (params_ ends with the trailer when there is one)
   bucket_assignment buckets_;
   std::vector<std::size_t> bucket_of_, offset_of_, used_of_;
   std::vector<storage> store_;

@@ -65,6 +65,7 @@
 #include <kft/ddp/reducer.hpp>
 #include <kft/ddp/report.hpp>
 #include <kft/ddp/sampler.hpp>
+#include <kft/ddp/zero.hpp>
 #include <kft/group/process_group.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -205,21 +206,22 @@ class trainer {
     observers_.push_back(&*console_);
     for (observer* x : o_.observers)
       if (x) observers_.push_back(x);
-    // The reducer: index 0 is the trainer's own two values (contributing micro-batches, ranks
-    // with a non-finite loss), registered first so that they travel in the last bucket, marked
-    // once the backward pass is over.
+    // The reducer: the model's parameters, and the trainer's own two values (contributing
+    // micro-batches, ranks with a non-finite loss) as the reducer's trailer, which travels in
+    // the bucket finish() launches last.
     std::vector<parameter> ps;
     const dtype grad_type = o_.deterministic ? dtype::i64 : dtype::f32;
     // (ZeRO-1: f64, a type no gradient has, so the counters get a bucket of their own that is
     // allreduced while every gradient bucket is reduce-scattered.)
     counts_type_ = o_.zero_stage ? dtype::f64 : grad_type;
-    ps.push_back({2, counts_type_, "kft.trainer.counts"});
     sizes_.reserve(tensors_.size());
     for (const auto& t : tensors_) {
       ps.push_back({t.value.size(), grad_type, t.name});
       sizes_.push_back(t.value.size());
     }
     reducer_options ro = o_.reducer;
+    ro.trailer = 2;
+    ro.trailer_type = counts_type_;
     if (o_.deterministic) ro.deterministic = true;
     if constexpr (requires { m_.stream(); })  // a device model's stream: the gradients' order
       if (ro.stream == nullptr) ro.stream = static_cast<void*>(m_.stream());
@@ -235,8 +237,8 @@ class trainer {
     }
     r_.emplace(g_, std::move(ps), ro, trainer_hook{o_.zero_stage == 1});
     if (o_.zero_stage) {
-      shard();
-      opt_.bind(piece_sizes_);
+      zero_.emplace(opt_);
+      zero_->bind(*r_, g_.rank(), g_.size());
     } else {
       opt_.bind(sizes_);
     }
@@ -301,7 +303,7 @@ class trainer {
     for (;;) {
       auto& r = *r_;
       r.zero_grad();
-      for (std::size_t i = 0; i <= tensors_.size(); ++i) r.mark_ready(i);  // counts (index 0) stay 0
+      for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i);  // the counts stay 0
       timed_finish();
       const auto [contributions, bad] = counts();
       if (contributions == 0) break;  // every rank has joined
@@ -455,22 +457,8 @@ class trainer {
     // ZeRO-1: the whole optimizer state, gathered from the shards (collective), so the file is
     // the same as an unsharded run's and resumes on any number of ranks.
     std::vector<std::vector<std::vector<float>>> whole;
-    if (o_.zero_stage) {
-      const auto& st = opt_.state();
-      whole.resize(st.buffers.size());
-      for (std::size_t b = 0; b < st.buffers.size(); ++b) {
-        if (g_.rank() == 0) {
-          whole[b].resize(tensors_.size());
-          for (std::size_t i = 0; i < tensors_.size(); ++i) whole[b][i].assign(sizes_[i], 0.0f);
-        }
-        std::size_t j = 0;
-        gather_slices(
-            [&](const piece&) { return std::span<const float>(st.buffers[b][j++]); },
-            [&](std::size_t i, std::span<const float> all) {
-              if (g_.rank() == 0) std::copy(all.begin(), all.end(), whole[b][i].begin());
-            });
-      }
-    }
+    if (zero_)
+      for (std::size_t b = 0; b < opt_.state().buffers.size(); ++b) whole.push_back(zero_->whole_state(g_, b, sizes_, g_.rank() == 0));
     if (g_.rank() != 0) return;
     checkpoint_writer w;
     sampler_state ss = sampler_ ? sampler_->state() : sampler_state{o_.seed, epoch_, 0};
@@ -561,10 +549,10 @@ class trainer {
     if (t->o_.deterministic) {
       if (t->last_micro_) {
         t->to_fixed(i, t->first_micro_);
-        t->r_->mark_ready(i + 1);
+        t->r_->mark_ready(i);
       }
     } else {
-      t->r_->mark_ready(i + 1);
+      t->r_->mark_ready(i);
     }
   }
 
@@ -583,7 +571,7 @@ class trainer {
       std::size_t done = 0;
       if (nonempty == 0) {
         r.zero_grad();
-        for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i + 1);
+        for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i);
       }
       for (const auto& mb : micro()) {
         if (mb.empty()) continue;
@@ -602,14 +590,13 @@ class trainer {
       }
       contributed = nonempty;
       set_counts(contributed, bad);
-      r.mark_ready(0);
       timed_finish();
     } else {
       for (std::size_t m = 0; m < k; ++m) {
         const bool last = m + 1 == k;
         std::optional<typename reducer<Group, trainer_hook>::sync_guard> quiet;
         if (!last) (void)quiet.emplace(r.no_sync());  // (void): nvcc flags the discarded nodiscard reference
-        for (std::size_t i = 0; i < tensors_.size(); ++i) views_[i] = r.template gradient<float>(i + 1);
+        for (std::size_t i = 0; i < tensors_.size(); ++i) views_[i] = r.template gradient<float>(i);
         gradients gs(views_, m > 0, &on_ready, this);
         auto bs = [&] {
           auto span = traced("backward");
@@ -618,7 +605,6 @@ class trainer {
         bad |= !std::isfinite(bs.loss_sum);
         ms_.merge(s, as_stats(bs));
         if (last) set_counts(k, bad);
-        r.mark_ready(0);
         timed_finish();
       }
     }
@@ -634,7 +620,7 @@ class trainer {
 
   // Parameter i's float gradient (local_) into fixed point, assigned or added into the bucket.
   void to_fixed(std::size_t i, bool first) {
-    const auto v = fixed_->add(local_[i], r_->template gradient<std::int64_t>(i + 1), first);
+    const auto v = fixed_->add(local_[i], r_->template gradient<std::int64_t>(i), first);
     if (fixed_->in_range(v)) return;
     const std::string why =
         v.not_finite ? "gradient of '" + tensors_[i].name + "' holds a NaN or an infinity (layer 1: the model's numbers)"
@@ -650,19 +636,19 @@ class trainer {
   void set_counts(std::uint64_t contributions, std::uint64_t bad) {
     if constexpr (on_device) {  // f32 (deterministic mode and ZeRO are refused on devices)
       const float c[2] = {static_cast<float>(contributions), static_cast<float>(bad)};
-      r_->upload(r_->gradient_data(0), c, sizeof c);
+      r_->upload(r_->trailer_data(), c, sizeof c);
       return;
     }
     if (counts_type_ == dtype::i64) {
-      auto c = r_->template gradient<std::int64_t>(0);
+      auto c = r_->template trailer<std::int64_t>();
       c[0] = static_cast<std::int64_t>(contributions);
       c[1] = static_cast<std::int64_t>(bad);
     } else if (counts_type_ == dtype::f64) {
-      auto c = r_->template gradient<double>(0);
+      auto c = r_->template trailer<double>();
       c[0] = static_cast<double>(contributions);
       c[1] = static_cast<double>(bad);
     } else {
-      auto c = r_->template gradient<float>(0);
+      auto c = r_->template trailer<float>();
       c[0] = static_cast<float>(contributions);
       c[1] = static_cast<float>(bad);
     }
@@ -670,19 +656,19 @@ class trainer {
   std::pair<std::uint64_t, std::uint64_t> counts() {
     const auto n = static_cast<double>(g_.size());
     if (counts_type_ == dtype::i64) {
-      auto c = r_->template gradient<std::int64_t>(0);
+      auto c = r_->template trailer<std::int64_t>();
       return {static_cast<std::uint64_t>(c[0]), static_cast<std::uint64_t>(c[1])};
     }
     double c0 = 0, c1 = 0;
     if constexpr (on_device) {
       float c[2] = {0.0f, 0.0f};
-      r_->download(c, r_->gradient_data(0), sizeof c);
+      r_->download(c, r_->trailer_data(), sizeof c);
       c0 = c[0], c1 = c[1];
     } else if (counts_type_ == dtype::f64) {
-      auto c = r_->template gradient<double>(0);
+      auto c = r_->template trailer<double>();
       c0 = c[0], c1 = c[1];
     } else {
-      auto c = r_->template gradient<float>(0);
+      auto c = r_->template trailer<float>();
       c0 = c[0], c1 = c[1];
     }
     return {static_cast<std::uint64_t>(std::llround(c0 * n)), static_cast<std::uint64_t>(std::llround(c1 * n))};
@@ -719,10 +705,10 @@ class trainer {
         for (float v : local_[i]) bad |= detail::not_finite(v);
       } else if constexpr (on_device) {
         scratch_.resize(tensors_[i].value.size());
-        r_->download(scratch_.data(), r_->gradient_data(i + 1), scratch_.size() * sizeof(float));
+        r_->download(scratch_.data(), r_->gradient_data(i), scratch_.size() * sizeof(float));
         for (float v : scratch_) bad |= detail::not_finite(v);
       } else {
-        for (float v : r_->template gradient<float>(i + 1)) bad |= detail::not_finite(v);
+        for (float v : r_->template gradient<float>(i)) bad |= detail::not_finite(v);
       }
       if (bad) return tensors_[i].name;
     }
@@ -739,14 +725,14 @@ class trainer {
     std::size_t bad = tensors_.size();
     if (o_.deterministic) {
       for (std::size_t i = 0; i < tensors_.size(); ++i) {
-        fixed_->mean(r_->template gradient<std::int64_t>(i + 1), avg_[i], contributions);
+        fixed_->mean(r_->template gradient<std::int64_t>(i), avg_[i], contributions);
         if (!opt_.step(i, tensors_[i].value, avg_[i], 1.0f) && bad == tensors_.size()) bad = i;
       }
     } else {
       // The buckets hold sum / N of the ranks' micro-batch means: x N / contributions is the mean.
       const float scale = static_cast<float>(static_cast<double>(g_.size()) / static_cast<double>(contributions));
       for (std::size_t i = 0; i < tensors_.size(); ++i)
-        if (!opt_.step(i, tensors_[i].value, r_->template gradient<float>(i + 1), scale) && bad == tensors_.size())
+        if (!opt_.step(i, tensors_[i].value, r_->template gradient<float>(i), scale) && bad == tensors_.size())
           bad = i;
     }
     if constexpr (requires { opt_.end_step(); }) {  // a device optimizer: its kernels' verdict (waits for them)
@@ -761,58 +747,25 @@ class trainer {
                            site("ddp step", step_ + 1));
   }
 
-  // ---- ZeRO stage 1 ----
-  // This rank's shard: its slice [r c/N, (r + 1) c/N) of every gradient bucket (c padded to a
-  // multiple of N), cut into pieces of parameters. The optimizer is bound to the pieces.
-  struct piece {
-    std::size_t param = 0;   // the trainer's parameter index (the reducer's minus one)
-    std::size_t offset = 0;  // first element within the parameter
-    std::size_t count = 0;
-    std::size_t bucket = 0;
-    std::size_t at = 0;      // first element within the bucket
-  };
-  void shard() {
-    const auto n = static_cast<std::size_t>(g_.size()), me = static_cast<std::size_t>(g_.rank());
-    pieces_.clear();
-    piece_sizes_.clear();
-    std::size_t largest = 0;
-    for (std::size_t k = 0; k < r_->buckets().size(); ++k) {
-      if (r_->bucket_type(k) == counts_type_) continue;  // the counters' own bucket
-      const std::size_t per = r_->bucket_elements(k) / n, lo = me * per, hi = lo + per;
-      largest = std::max(largest, r_->bucket_elements(k));
-      for (std::size_t i : r_->buckets()[k]) {
-        const std::size_t off = r_->offset_in_bucket(i), len = r_->param(i).count;
-        const std::size_t a = std::max(lo, off), b = std::min(hi, off + len);
-        if (a >= b) continue;
-        pieces_.push_back({i - 1, a - off, b - a, k, a});
-        piece_sizes_.push_back(b - a);
-      }
-    }
-    staging_.assign(largest, 0.0f);
-  }
-
-  // The optimizer on this rank's pieces, then every rank's updated slices allgathered.
+  // ---- ZeRO stage 1 (zero.hpp) ----
+  // The wrapper updates this rank's pieces from the reduce-scattered buckets, then the
+  // parameters are allgathered.
   void apply_sharded(std::uint64_t contributions) {
     const auto t0 = clk::now();
-    opt_.begin_step();
-    std::size_t bad = pieces_.size();
     const float scale = static_cast<float>(static_cast<double>(g_.size()) / static_cast<double>(contributions));
-    for (std::size_t j = 0; j < pieces_.size(); ++j) {
-      const piece& pc = pieces_[j];
-      auto w = tensors_[pc.param].value.subspan(pc.offset, pc.count);
-      bool ok = true;
-      if (o_.deterministic) {
-        auto a = std::span<float>(avg_[pc.param]).subspan(pc.offset, pc.count);
-        fixed_->mean(r_->template gradient<std::int64_t>(pc.param + 1).subspan(pc.offset, pc.count), a, contributions);
-        ok = opt_.step(j, w, a, 1.0f);
-      } else {
-        ok = opt_.step(j, w, r_->template gradient<float>(pc.param + 1).subspan(pc.offset, pc.count), scale);
-      }
-      if (!ok && bad == pieces_.size()) bad = j;
-    }
+    const auto& pieces = zero_->pieces();
+    const std::size_t bad = zero_->step(
+        tensors_,
+        [&](const typename zero1<O>::piece& pc) -> std::span<const float> {
+          if (!o_.deterministic) return r_->template gradient<float>(pc.param).subspan(pc.offset, pc.count);
+          auto a = std::span<float>(avg_[pc.param]).subspan(pc.offset, pc.count);
+          fixed_->mean(r_->template gradient<std::int64_t>(pc.param).subspan(pc.offset, pc.count), a, contributions);
+          return a;
+        },
+        o_.deterministic ? 1.0f : scale);
     opt_s_ += seconds(t0, clk::now());
-    if (bad != pieces_.size()) {  // only this rank saw it: the others learn it from the abort
-      const auto& pc = pieces_[bad];
+    if (bad != pieces.size()) {  // only this rank saw it: the others learn it from the abort
+      const auto& pc = pieces[bad];
       const std::string why = "the averaged gradient of '" + tensors_[pc.param].name + "' (index " +
                               std::to_string(pc.param) + ", elements " + std::to_string(pc.offset) + ".." +
                               std::to_string(pc.offset + pc.count - 1) + ", this rank's ZeRO shard) holds a NaN or an " +
@@ -821,31 +774,7 @@ class trainer {
       abort_all(why);
       throw numerics_error(why, site("ddp step", step_ + 1));
     }
-    gather_slices([&](const piece& pc) { return tensors_[pc.param].value.subspan(pc.offset, pc.count); },
-                  [&](std::size_t i, std::span<const float> all) {
-                    std::copy(all.begin(), all.end(), tensors_[i].value.begin());
-                  });
-  }
-
-  // For every gradient bucket: this rank's pieces (`mine(piece)`) packed into its slice of a
-  // bucket-sized buffer, allgathered, and each parameter's whole range handed to `take`.
-  template <class Mine, class Take>
-  void gather_slices(Mine mine, Take take) {
-    const auto n = static_cast<std::size_t>(g_.size()), me = static_cast<std::size_t>(g_.rank());
-    std::size_t j = 0;
-    for (std::size_t k = 0; k < r_->buckets().size(); ++k) {
-      if (r_->bucket_type(k) == counts_type_) continue;
-      const std::size_t per = r_->bucket_elements(k) / n;
-      float* buf = staging_.data();
-      std::fill(buf + me * per, buf + (me + 1) * per, 0.0f);
-      for (; j < pieces_.size() && pieces_[j].bucket == k; ++j) {
-        const auto v = mine(pieces_[j]);
-        std::copy(v.begin(), v.end(), buf + pieces_[j].at);
-      }
-      g_.allgather(buf + me * per, buf, per, dtype::f32, options{});
-      for (std::size_t i : r_->buckets()[k])
-        take(i - 1, std::span<const float>(buf + r_->offset_in_bucket(i), r_->param(i).count));
-    }
+    zero_->gather_parameters(g_, tensors_);
   }
 
   // Parameter i's bits hashed (device tensors are copied to the host first).
@@ -949,10 +878,7 @@ class trainer {
         }
         std::vector<float> whole(sizes_[i]);  // ZeRO-1: keep this rank's pieces of the whole
         c.get_floats(key, whole);
-        for (std::size_t j = 0; j < pieces_.size(); ++j)
-          if (pieces_[j].param == i)
-            std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(pieces_[j].offset), pieces_[j].count,
-                        st.buffers[b][j].begin());
+        zero_->load_state(b, i, whole);
       }
     step_ = c.get_u64("step");
     rng_.state = c.get_u64("rng");
@@ -1129,9 +1055,7 @@ class trainer {
   std::uint64_t step_ = 0, epoch_ = 0, resumed_step_ = 0, test_size_ = 0, last_samples_ = 0;
   double comm_s_ = 0.0, eval_total_ = 0.0, opt_s_ = 0.0;
   dtype counts_type_ = dtype::f32;
-  std::vector<piece> pieces_;        // ZeRO-1: this rank's shard
-  std::vector<std::size_t> piece_sizes_;
-  std::vector<float> staging_;       // ZeRO-1: one bucket, for the allgathers
+  std::optional<zero1<O>> zero_;      // ZeRO-1: the optimizer, sharded
   mutable std::vector<float> scratch_;  // device groups: a tensor copied to the host (hashes, checks)
   bool first_micro_ = false, last_micro_ = false, local_bad_ = false;
   metric_set ms_;
