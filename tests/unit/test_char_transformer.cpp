@@ -38,17 +38,8 @@
 #include "../../examples/09-char-transformer/gpt.hpp"
 
 // The model's buffers are std::vectors: counting this thread's operator new calls sees any
-// allocation a step makes (GCC's new/delete pairing check cannot see that replacing the global
-// operators with malloc/free is the standard's own pattern).
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-thread_local long allocations = 0;
-void* operator new(std::size_t n) {
-  ++allocations;
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+// allocation a step makes.
+#include "../common/alloc_counter.hpp"
 
 namespace ddp = kft::ddp;
 namespace fs = std::filesystem;
@@ -323,7 +314,7 @@ BOOST_AUTO_TEST_CASE(a_steady_state_step_allocates_nothing) {
   const std::uint32_t eight[] = {0, 3, 5, 7, 11, 13, 17, 19}, three[] = {2, 4, 6};
   const auto all = iota(static_cast<std::uint32_t>(m.valid_windows()));
   gs.step(m, eight);  // the first step at the largest batch sizes the buffers
-  const long before = allocations;
+  const long before = kft_test::thread_allocations;
   for (int s = 0; s < 5; ++s) {
     auto g = gs.get(s % 2 == 1);
     m.forward_backward(eight, g);
@@ -331,15 +322,15 @@ BOOST_AUTO_TEST_CASE(a_steady_state_step_allocates_nothing) {
     m.forward_backward(three, h);
   }
   const auto e = m.evaluate(all);  // in parts of at most 8 windows
-  const long during = allocations - before;
+  const long during = kft_test::thread_allocations - before;
   BOOST_TEST(e.count == static_cast<double>(all.size() * 16));
   BOOST_TEST(during == 0, "heap allocations in 10 steps and an evaluation: " << during);
   // The counter is live: a bigger batch grows the buffers.
   std::vector<std::uint32_t> nine(eight, eight + 8);
   nine.push_back(21);
-  const long grown0 = allocations;
+  const long grown0 = kft_test::thread_allocations;
   gs.step(m, nine);
-  BOOST_TEST(allocations - grown0 > 1);
+  BOOST_TEST(kft_test::thread_allocations - grown0 > 1);
 }
 
 namespace {

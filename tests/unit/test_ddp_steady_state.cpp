@@ -21,27 +21,8 @@
 #include <kft/rendezvous/memory_store.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
-// Counts every heap allocation of the process (all threads). Replacing the global operators
-// with malloc/free is the standard's own pattern; GCC's pairing check cannot see that.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-std::atomic<long> allocations{0};
-void* operator new(std::size_t n) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new(std::size_t n, std::align_val_t a) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::aligned_alloc(static_cast<std::size_t>(a), (n + static_cast<std::size_t>(a) - 1) /
-                                                                     static_cast<std::size_t>(a) *
-                                                                     static_cast<std::size_t>(a)))
-    return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+// Counts every heap allocation of the process (all threads: kft_test::allocations).
+#include "../common/alloc_counter.hpp"
 
 namespace ddp = kft::ddp;
 
@@ -90,14 +71,14 @@ counts measure(ddp::reducer_options o, int steps, void (*extra)() = nullptr) {
         auto* shm = g.get<kft::shm::communicator>();
         g.barrier();
         sync.arrive_and_wait();
-        const long a0 = allocations.load();
+        const long a0 = kft_test::allocations.load();
         const std::uint64_t s0 = shm->staged_bytes();
         sync.arrive_and_wait();
         if (extra && r == 0) extra();
         for (int s = 0; s < steps; ++s) step(3 + static_cast<std::uint64_t>(s));
         g.barrier();
         sync.arrive_and_wait();
-        const long a1 = allocations.load();
+        const long a1 = kft_test::allocations.load();
         staged += shm->staged_bytes() - s0;
         if (r == 0) {
           c.allocations = a1 - a0;

@@ -16,18 +16,8 @@
 #include <kft/rendezvous/memory_store.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
-// Counts this thread's heap allocations (the whole test binary's operator new goes through here).
-// Replacing the global operators with malloc/free is the standard's own pattern; GCC's
-// new/delete pairing check cannot see that these are the replacements.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-thread_local long allocations = 0;
-void* operator new(std::size_t n) {
-  ++allocations;
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+// Counts this thread's heap allocations (kft_test::thread_allocations).
+#include "../common/alloc_counter.hpp"
 
 namespace {
 long minor_faults() {
@@ -57,10 +47,10 @@ BOOST_AUTO_TEST_CASE(no_allocation_and_no_page_fault_per_call) {
         comm.barrier();
       };
       for (int i = 0; i < 3; ++i) round();  // warm-up
-      const long f0 = minor_faults(), a0 = allocations;
+      const long f0 = minor_faults(), a0 = kft_test::thread_allocations;
       for (int i = 0; i < 100; ++i) round();
       faults[static_cast<std::size_t>(r)] = minor_faults() - f0;
-      allocs[static_cast<std::size_t>(r)] = allocations - a0;
+      allocs[static_cast<std::size_t>(r)] = kft_test::thread_allocations - a0;
     });
   for (auto& t : ranks) t.join();
   for (int r = 0; r < p; ++r) {

@@ -87,15 +87,27 @@ class error : public std::runtime_error {
 
  private:
   static std::string format(const std::string& detail, const error_site& s) {
+    // (Built by appends: GCC 12's -Wrestrict misfires on "/" + std::string at -O3.)
     std::string m = "kft: ";
     if (s.rank >= 0) {
-      m += "rank " + std::to_string(s.rank);
-      if (s.world_size > 0) m += "/" + std::to_string(s.world_size);
+      m += "rank ";
+      m += std::to_string(s.rank);
+      if (s.world_size > 0) {
+        m += '/';
+        m += std::to_string(s.world_size);
+      }
       m += ' ';
-      if (!s.group.empty()) m += "(" + s.group + ") ";
+      if (!s.group.empty()) {
+        m += '(';
+        m += s.group;
+        m += ") ";
+      }
     }
     if (!s.operation.empty()) m += s.operation;
-    if (s.sequence) m += " #" + std::to_string(*s.sequence);
+    if (s.sequence) {
+      m += " #";
+      m += std::to_string(*s.sequence);
+    }
     if (s.rank >= 0 || !s.operation.empty()) m += ": ";
     return m + detail;
   }

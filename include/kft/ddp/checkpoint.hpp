@@ -37,6 +37,7 @@
 #include <kft/core/atomic_file.hpp>
 #include <kft/core/error.hpp>
 #include <kft/core/namespace.hpp>
+#include <kft/ddp/sampler.hpp>
 
 KFT_NAMESPACE_BEGIN
 namespace ddp {
@@ -236,6 +237,45 @@ inline std::optional<found_checkpoint> latest_checkpoint(const std::filesystem::
   }
   return std::nullopt;
 }
+
+/// @brief A trainer's checkpoint beyond its tensors: where training stands, in the sections
+/// "step", "sampler.seed", "sampler.epoch", "sampler.cursor", "world_size", "rng", "optimizer"
+/// (the optimizer's name) and "optimizer.steps"; the tensors are in "param/<name>" and
+/// "optimizer/<buffer>/<name>" (`parameter_key`, `optimizer_key`).
+struct trainer_state {
+  std::uint64_t step = 0;
+  sampler_state sampler;
+  std::uint64_t world_size = 0;  ///< the ranks that wrote it (a resume may have others)
+  std::uint64_t rng = 0;         ///< the trainer's RNG
+  std::string optimizer;
+  std::uint64_t optimizer_steps = 0;
+
+  void write(checkpoint_writer& w) const {
+    w.put_u64("step", step);
+    w.put_u64("sampler.seed", sampler.seed);
+    w.put_u64("sampler.epoch", sampler.epoch);
+    w.put_u64("sampler.cursor", sampler.cursor);
+    w.put_u64("world_size", world_size);
+    w.put_u64("rng", rng);
+    w.put_string("optimizer", optimizer);
+    w.put_u64("optimizer.steps", optimizer_steps);
+  }
+  /// @throws usage_error naming the file and the missing section
+  static trainer_state read(const checkpoint_reader& c) {
+    trainer_state s;
+    s.step = c.get_u64("step");
+    s.sampler = {c.get_u64("sampler.seed"), c.get_u64("sampler.epoch"), c.get_u64("sampler.cursor")};
+    s.world_size = c.get_u64("world_size");
+    s.rng = c.get_u64("rng");
+    s.optimizer = c.get_string("optimizer");
+    s.optimizer_steps = c.get_u64("optimizer.steps");
+    return s;
+  }
+  static std::string parameter_key(std::string_view name) { return "param/" + std::string(name); }
+  static std::string optimizer_key(std::string_view buffer, std::string_view name) {
+    return "optimizer/" + std::string(buffer) + "/" + std::string(name);
+  }
+};
 
 }  // namespace ddp
 KFT_NAMESPACE_END

@@ -466,19 +466,12 @@ class trainer {
       ss.epoch += 1;
       ss.cursor = 0;
     }
-    w.put_u64("step", step_);
-    w.put_u64("sampler.seed", ss.seed);
-    w.put_u64("sampler.epoch", ss.epoch);
-    w.put_u64("sampler.cursor", ss.cursor);
-    w.put_u64("world_size", static_cast<std::uint64_t>(g_.size()));
-    w.put_u64("rng", rng_.state);
-    w.put_string("optimizer", opt_.name());
-    for (const auto& t : tensors_) w.put_floats("param/" + t.name, t.value);
     const auto& st = opt_.state();
-    w.put_u64("optimizer.steps", st.steps);
+    trainer_state{step_, ss, static_cast<std::uint64_t>(g_.size()), rng_.state, opt_.name(), st.steps}.write(w);
+    for (const auto& t : tensors_) w.put_floats(trainer_state::parameter_key(t.name), t.value);
     for (std::size_t b = 0; b < st.names.size(); ++b)
       for (std::size_t i = 0; i < tensors_.size(); ++i)
-        w.put_floats("optimizer/" + st.names[b] + "/" + tensors_[i].name, o_.zero_stage ? whole[b][i] : st.buffers[b][i]);
+        w.put_floats(trainer_state::optimizer_key(st.names[b], tensors_[i].name), zero_ ? whole[b][i] : st.buffers[b][i]);
     const auto bytes = w.finish();
     write_atomic(o_.checkpoint_dir, checkpoint_name(step_), bytes, o_.checkpoint_progress);
     // Keep the newest `keep_checkpoints`.
@@ -851,28 +844,34 @@ class trainer {
     c_.broadcast(bytes.data(), bytes.data(), bytes.size(), dtype::u8, 0, options{});
     const std::string what = (o_.checkpoint_dir / checkpoint_name(head[0] - 1)).string();
     checkpoint_reader c(std::move(bytes), what);
-    std::uint64_t mine[2] = {c.checksum(), c.get_u64("step")};
+    const trainer_state ts = trainer_state::read(c);
+    std::uint64_t mine[2] = {c.checksum(), ts.step};
     std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(g_.size()));
     c_.allgather(mine, all.data(), 2, dtype::i64, options{});
     for (int r = 1; r < g_.size(); ++r)
       if (all[2 * static_cast<std::size_t>(r)] != all[0] || all[2 * static_cast<std::size_t>(r) + 1] != all[1])
         throw desync_error("rank " + std::to_string(r) + " loaded another checkpoint than rank 0 (" + what + ")",
                            site("ddp resume"));
+    if (ts.sampler.seed != o_.seed)
+      throw usage_error("checkpoint " + what + " was written with seed " + std::to_string(ts.sampler.seed) +
+                            ", this run has seed " + std::to_string(o_.seed) + " (the sample order would change)",
+                        site("ddp resume"));
     for (auto& t : tensors_) {
-      if (!c.has("param/" + t.name))
+      const std::string key = trainer_state::parameter_key(t.name);
+      if (!c.has(key))
         throw usage_error("checkpoint " + what + " has no parameter '" + t.name + "' (another model?)", site("ddp resume"));
-      c.get_floats("param/" + t.name, t.value);
+      c.get_floats(key, t.value);
     }
     auto& st = opt_.state();
-    st.steps = c.get_u64("optimizer.steps");
+    st.steps = ts.optimizer_steps;
     for (std::size_t b = 0; b < st.names.size(); ++b)
       for (std::size_t i = 0; i < tensors_.size(); ++i) {
-        const std::string key = "optimizer/" + st.names[b] + "/" + tensors_[i].name;
+        const std::string key = trainer_state::optimizer_key(st.names[b], tensors_[i].name);
         if (!c.has(key))
-          throw usage_error("checkpoint " + what + " has no optimizer state '" + key + "' (written by " +
-                                c.get_string("optimizer") + "; this run uses " + opt_.name() + ")",
+          throw usage_error("checkpoint " + what + " has no optimizer state '" + key + "' (written by " + ts.optimizer +
+                                "; this run uses " + opt_.name() + ")",
                             site("ddp resume"));
-        if (!o_.zero_stage) {
+        if (!zero_) {
           c.get_floats(key, st.buffers[b][i]);
           continue;
         }
@@ -880,18 +879,14 @@ class trainer {
         c.get_floats(key, whole);
         zero_->load_state(b, i, whole);
       }
-    step_ = c.get_u64("step");
-    rng_.state = c.get_u64("rng");
-    restored_ = sampler_state{c.get_u64("sampler.seed"), c.get_u64("sampler.epoch"), c.get_u64("sampler.cursor")};
-    if (restored_->seed != o_.seed)
-      throw usage_error("checkpoint " + what + " was written with seed " + std::to_string(restored_->seed) +
-                            ", this run has seed " + std::to_string(o_.seed) + " (the sample order would change)",
-                        site("ddp resume"));
+    step_ = ts.step;
+    rng_.state = ts.rng;
+    restored_ = ts.sampler;
     epoch_ = restored_->epoch;
     resumed_step_ = step_;
     note("resumed from " + what + " (step " + std::to_string(step_) + ", epoch " + std::to_string(epoch_ + 1) +
-         ", sample " + std::to_string(restored_->cursor) + " of the epoch; written by " +
-         std::to_string(c.get_u64("world_size")) + " rank(s), resumed on " + std::to_string(g_.size()) + ")");
+         ", sample " + std::to_string(restored_->cursor) + " of the epoch; written by " + std::to_string(ts.world_size) +
+         " rank(s), resumed on " + std::to_string(g_.size()) + ")");
   }
 
   // ---- metrics and reporting ----
