@@ -295,38 +295,25 @@ BOOST_AUTO_TEST_CASE(bad_inputs_are_named_without_a_hang) {
   }
   BOOST_TEST(errors[2].find("abs_err:sum:mean") != std::string::npos, errors[2]);
 
-  // A target on a metric the model does not report; a test set for a model without evaluate().
-  errors = with_ranks(1, [&](kft::group::process_group& g) {
-    regression m;
-    ddp::sgd opt;
-    ddp::trainer_options o;
-    o.quiet = true;
-    o.target = {"accuracy", 0.9, false};
-    ddp::trainer t(g, m, opt, o);
-  });
-  BOOST_TEST(errors[0].find("the target's metric 'accuracy' is not one the model reports (loss, abs_error, "
-                            "max_abs_error, min_target)") != std::string::npos,
-             errors[0]);
-  errors = with_ranks(1, [&](kft::group::process_group& g) {
-    train_only m;
-    ddp::sgd opt;
-    ddp::trainer_options o;
-    o.quiet = true;
-    ddp::trainer t(g, m, opt, o);
-    t.fit(16, 16);
-  });
-  BOOST_TEST(errors[0].find("given 16 test samples but the model has no evaluate(samples)") != std::string::npos,
-             errors[0]);
-  errors = with_ranks(1, [&](kft::group::process_group& g) {
-    regression m;
-    ddp::sgd opt;
-    ddp::trainer_options o;
-    o.quiet = true;
-    o.target = {"loss", 0.1, true};
-    ddp::trainer t(g, m, opt, o);
-    t.fit(16);
-  });
-  BOOST_TEST(errors[0].find("a target (loss <= 0.1) needs evaluations") != std::string::npos, errors[0]);
+  // A target on a metric the model does not report; a test set for a model without evaluate();
+  // a target without evaluations. One rank: the error of each, quiet options otherwise.
+  auto error_of = [](auto model, ddp::trainer_options::goal target, std::uint64_t test) {
+    return with_ranks(1, [&](kft::group::process_group& g) {
+      ddp::sgd opt;
+      ddp::trainer_options o;
+      o.quiet = true;
+      o.target = target;
+      ddp::trainer t(g, model, opt, o);
+      t.fit(16, test);
+    })[0];
+  };
+  std::string e = error_of(regression{}, {"accuracy", 0.9, false}, 16);
+  BOOST_TEST(e.find("the target's metric 'accuracy' is not one the model reports (loss, abs_error, max_abs_error, "
+                    "min_target)") != std::string::npos, e);
+  e = error_of(train_only{}, {}, 16);
+  BOOST_TEST(e.find("given 16 test samples but the model has no evaluate(samples)") != std::string::npos, e);
+  e = error_of(regression{}, {"loss", 0.1, true}, 0);
+  BOOST_TEST(e.find("a target (loss <= 0.1) needs evaluations") != std::string::npos, e);
 }
 
 BOOST_AUTO_TEST_CASE(metric_names_are_words_used_once) {
