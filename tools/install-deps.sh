@@ -19,6 +19,7 @@ build_pkgs=(cmake ninja-build g++ pkg-config git
 test_pkgs=(libboost-test-dev
            slurmd slurmctld slurm-client libpmix-dev   # a real Slurm cluster on localhost
            python3-torch                               # torchrun (Debian's /usr/bin/python3)
+           fortunes                                    # example 09's text (/usr/share/games/fortunes) and its test
            procps iproute2                             # pgrep/ps and ss (Slurm script), ip/tc (netns hosts)
            iptables                                    # a blackholed link between netns hosts (fault tests)
            mpich libmpich-dev                          # mpirun.mpich: a launcher that is not kft's MPI (mix-up tests); MPICH peer of bench/scripts/shm_peers.py

@@ -25,8 +25,10 @@
 // 0, LayerNorm gains 1.
 //
 // Data: a token array (ids < vocab) for training and one for validation, not copied (they
-// must outlive the model). Sample i is the window at token i * stride (stride = ctx unless the
-// config says otherwise) of ctx + 1 tokens: inputs the first ctx, targets the last ctx.
+// must outlive the model). Training sample i is the window at token i * stride (stride = ctx
+// unless the config says otherwise) of ctx + 1 tokens: inputs the first ctx, targets the last
+// ctx; validation sample i the window at token i * valid_stride (0: stride), so a few windows
+// can be spread over the whole validation text.
 // Activations are [B*ctx x width] row-major, row b*ctx + t; attention probabilities
 // [B x H x ctx x ctx].
 //
@@ -64,7 +66,8 @@ struct gpt_config {
   int layers = 4;    ///< transformer blocks
   int heads = 8;     ///< attention heads (d % heads == 0)
   std::uint64_t seed = 1;
-  int stride = 0;    ///< tokens between windows' starts; 0: ctx
+  int stride = 0;    ///< tokens between training windows' starts; 0: ctx
+  int valid_stride = 0;  ///< tokens between validation windows' starts; 0: stride
 };
 
 /// Parameters of a model of this shape.
@@ -198,10 +201,11 @@ class char_gpt {
   char_gpt(gpt_config c, std::span<const std::uint8_t> train, std::span<const std::uint8_t> valid)
       : c_(c), train_(train), valid_(valid) {
     if (c_.stride == 0) c_.stride = c_.ctx;
+    if (c_.valid_stride == 0) c_.valid_stride = c_.stride;
     auto bad = [](const std::string& why) { throw std::invalid_argument("char_gpt: " + why); };
     if (c_.vocab < 1 || c_.vocab > 256) bad("vocab " + std::to_string(c_.vocab) + ": 1 to 256 (tokens are bytes)");
-    if (c_.ctx < 1 || c_.d < 1 || c_.layers < 1 || c_.heads < 1 || c_.stride < 1)
-      bad("ctx, d, layers, heads and stride must be positive");
+    if (c_.ctx < 1 || c_.d < 1 || c_.layers < 1 || c_.heads < 1 || c_.stride < 1 || c_.valid_stride < 1)
+      bad("ctx, d, layers, heads and strides must be positive");
     if (c_.d % c_.heads != 0)
       bad("d " + std::to_string(c_.d) + " is not a multiple of heads " + std::to_string(c_.heads));
     for (auto [tokens, what] : {std::pair{train_, "training"}, std::pair{valid_, "validation"}}) {
@@ -251,8 +255,8 @@ class char_gpt {
   const gpt_config& config() const noexcept { return c_; }
   std::size_t parameter_count() const noexcept { return total_; }
   /// Windows of ctx + 1 tokens in the training / validation tokens.
-  std::size_t train_windows() const noexcept { return windows(train_); }
-  std::size_t valid_windows() const noexcept { return windows(valid_); }
+  std::size_t train_windows() const noexcept { return windows(train_, c_.stride); }
+  std::size_t valid_windows() const noexcept { return windows(valid_, c_.valid_stride); }
 
   std::vector<kft::ddp::tensor_ref> parameters() {
     std::vector<kft::ddp::tensor_ref> p;
@@ -271,7 +275,7 @@ class char_gpt {
                                   std::to_string(slots_.size()) + " parameters");
     const int b = static_cast<int>(samples.size());
     reserve(b);
-    load(train_, samples, "training");
+    load(train_, c_.stride, samples, "training");
     const kft::ddp::stats s = forward(b, true);
     backward(b, g);
     return s;
@@ -284,13 +288,53 @@ class char_gpt {
     if (cap_ == 0) reserve(static_cast<int>(std::min<std::size_t>(samples.size(), 8)));
     for (std::size_t at = 0; at < samples.size(); at += static_cast<std::size_t>(cap_)) {
       const auto part = samples.subspan(at, std::min(samples.size() - at, static_cast<std::size_t>(cap_)));
-      load(valid_, part, "validation");
+      load(valid_, c_.valid_stride, part, "validation");
       const kft::ddp::stats s = forward(static_cast<int>(part.size()), false);
       total.loss_sum += s.loss_sum;
       total.count += s.count;
       total.values[0] += s.values[0];
     }
     return total;
+  }
+
+  /// `n` tokens continuing `prompt` (token ids, not empty), each drawn from the model's
+  /// distribution given the last ctx tokens so far, sharpened by `temperature` (0: the
+  /// likeliest token); the draws come from splitmix64(`seed`). A demonstration: each token
+  /// costs a forward pass over one window.
+  std::vector<std::uint8_t> generate(std::span<const std::uint8_t> prompt, std::size_t n, std::uint64_t seed,
+                                     float temperature = 1.0f) {
+    if (prompt.empty()) throw std::invalid_argument("char_gpt: generate() needs a prompt of at least one token");
+    for (const std::uint8_t t : prompt)
+      if (t >= c_.vocab)
+        throw std::invalid_argument("char_gpt: prompt token " + std::to_string(t) + " is not below vocab " +
+                                    std::to_string(c_.vocab));
+    if (cap_ == 0) reserve(1);
+    std::vector<std::uint8_t> text(prompt.begin(), prompt.end());
+    text.reserve(prompt.size() + n);
+    kft::ddp::splitmix64 g{seed};
+    const std::size_t T = static_cast<std::size_t>(c_.ctx), V = static_cast<std::size_t>(c_.vocab);
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t len = std::min(text.size(), T);
+      std::copy(text.end() - static_cast<std::ptrdiff_t>(len), text.end(), in_.begin());
+      std::fill(in_.begin() + static_cast<std::ptrdiff_t>(len), in_.begin() + static_cast<std::ptrdiff_t>(T), 0);
+      std::fill(tgt_.begin(), tgt_.begin() + static_cast<std::ptrdiff_t>(T), 0);
+      forward(1, false);  // (causal: the padding after position len - 1 does not change its row)
+      const float* p = logits_.data() + (len - 1) * V;  // exp(z - max z): unnormalised probabilities
+      std::size_t pick = 0;
+      if (temperature <= 0.0f) {
+        pick = static_cast<std::size_t>(std::max_element(p, p + V) - p);
+      } else {
+        double sum = 0.0;
+        for (std::size_t c = 0; c < V; ++c) sum += std::pow(static_cast<double>(p[c]), 1.0 / temperature);
+        double u = static_cast<double>(g.next() >> 11) * 0x1p-53 * sum;
+        for (pick = 0; pick + 1 < V; ++pick) {
+          u -= std::pow(static_cast<double>(p[pick]), 1.0 / temperature);
+          if (u < 0.0) break;
+        }
+      }
+      text.push_back(static_cast<std::uint8_t>(pick));
+    }
+    return {text.begin() + static_cast<std::ptrdiff_t>(prompt.size()), text.end()};
   }
 
  private:
@@ -315,9 +359,9 @@ class char_gpt {
     total_ += n;
   }
 
-  std::size_t windows(std::span<const std::uint8_t> t) const noexcept {
+  std::size_t windows(std::span<const std::uint8_t> t, int stride) const noexcept {
     const std::size_t need = static_cast<std::size_t>(c_.ctx) + 1;
-    return t.size() < need ? 0 : (t.size() - need) / static_cast<std::size_t>(c_.stride) + 1;
+    return t.size() < need ? 0 : (t.size() - need) / static_cast<std::size_t>(stride) + 1;
   }
 
   // Buffers for b windows; grows only.
@@ -350,13 +394,13 @@ class char_gpt {
     dp_.resize(tt);
   }
 
-  void load(std::span<const std::uint8_t> tokens, std::span<const std::uint32_t> samples, const char* which) {
-    const std::size_t have = windows(tokens), t = static_cast<std::size_t>(c_.ctx);
+  void load(std::span<const std::uint8_t> tokens, int stride, std::span<const std::uint32_t> samples, const char* which) {
+    const std::size_t have = windows(tokens, stride), t = static_cast<std::size_t>(c_.ctx);
     for (std::size_t b = 0; b < samples.size(); ++b) {
       if (samples[b] >= have)
         throw std::out_of_range(std::string("char_gpt: ") + which + " window " + std::to_string(samples[b]) + " of " +
                                 std::to_string(have));
-      const std::uint8_t* src = tokens.data() + static_cast<std::size_t>(samples[b]) * c_.stride;
+      const std::uint8_t* src = tokens.data() + static_cast<std::size_t>(samples[b]) * static_cast<std::size_t>(stride);
       std::copy(src, src + t, in_.begin() + static_cast<std::ptrdiff_t>(b * t));
       std::copy(src + 1, src + t + 1, tgt_.begin() + static_cast<std::ptrdiff_t>(b * t));
     }

@@ -304,6 +304,34 @@ BOOST_AUTO_TEST_CASE(adam_learns_a_repeated_text) {
   BOOST_TEST(first > 0.9 * log_v);
   BOOST_TEST(v.mean_loss() < 0.25 * log_v, "validation loss " << v.mean_loss() << " against log(vocab) " << log_v);
   BOOST_TEST(v.values[0] / v.count > 0.8, "validation accuracy " << v.values[0] / v.count);
+  // generate(): the likeliest continuation of a prompt is the text the model learned; a draw at
+  // temperature 1 is the same for the same seed, and holds only tokens of the vocabulary.
+  const auto prompt = c.vocab.encode("the quick brown ");
+  const std::string greedy = c.vocab.decode(m.generate(prompt, 24, 1, 0.0f));
+  int same = 0;
+  for (std::size_t i = 0; i < greedy.size(); ++i) same += greedy[i] == "fox jumps over the lazy "[i];
+  BOOST_TEST(same >= 20, "greedy continuation '" << greedy << "'");
+  const auto a = m.generate(prompt, 40, 7), b = m.generate(prompt, 40, 7);
+  BOOST_TEST(a == b);
+  BOOST_TEST(a.size() == 40u);
+  for (const auto t : a) BOOST_TEST(t < cfg.vocab);
+  BOOST_CHECK_THROW(m.generate({}, 5, 1), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(validation_windows_follow_their_own_stride) {
+  const gpt_config c{.vocab = 19, .ctx = 16, .d = 32, .layers = 1, .heads = 2, .seed = 3};
+  const auto tokens = random_tokens(400, c.vocab, 8);
+  gpt_config spread = c, dense = c;
+  spread.valid_stride = 7;
+  dense.valid_stride = 1;
+  char_gpt a(spread, tokens, tokens), b(dense, tokens, tokens);
+  BOOST_TEST(a.train_windows() == (400u - 17u) / 16u + 1u);  // training windows keep stride = ctx
+  BOOST_TEST(a.valid_windows() == (400u - 17u) / 7u + 1u);
+  BOOST_TEST(b.valid_windows() == 400u - 16u);
+  const std::uint32_t three[] = {3}, twenty_one[] = {21};  // both start at token 21
+  BOOST_TEST(a.evaluate(three).loss_sum == b.evaluate(twenty_one).loss_sum);
+  const std::uint32_t past[] = {static_cast<std::uint32_t>(a.valid_windows())};
+  BOOST_CHECK_THROW(a.evaluate(past), std::out_of_range);
 }
 
 BOOST_AUTO_TEST_CASE(a_steady_state_step_allocates_nothing) {
