@@ -185,6 +185,18 @@ def run(cmd, *, limit, env=None, attempts=3, leftovers=None):
     sys.exit(f"{who()}: {' '.join(cmd)} did not finish within {limit} s in {attempts} attempts")
 
 
+def torch_peer(script, ranks, args, **kw):
+    """Runs a PyTorch side (a script for Debian's /usr/bin/python3, where python3-torch is) by
+    `run` (`kw`: its limit, env, leftovers): one process, or `ranks` workers under torchrun
+    --standalone (rank 0's output, tee'd); returns its last output line that is a JSON object."""
+    cmd = ["/usr/bin/python3", script]
+    if ranks > 1:
+        cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), "--redirects", "9:0",
+                    "--tee", "9:0", "--monitor_interval", "0.2"]
+    out = run(cmd + list(args), **kw)
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+
+
 def run_perf_json(mpirun, nranks, program, flags, out_json, limit, env=None):
     """Runs a `*_perf` program under mpirun with --json out_json (by `run`) and returns the JSON."""
     cmd = [mpirun, "-np", str(nranks), "--oversubscribe", program, "--json", out_json] + flags

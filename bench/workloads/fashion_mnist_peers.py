@@ -75,14 +75,7 @@ def kft_libtorch(build, ranks, extra):
 
 
 def torch(ranks, extra):
-    script = os.path.join(here, "fashion_mnist_torch.py")
-    if ranks == 1:
-        out = kftbench.run(["/usr/bin/python3", script] + extra, **RUN)
-    else:
-        out = kftbench.run(["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                            str(ranks), "--redirects", "9:0", "--tee", "9:0", "--monitor_interval", "0.2",
-                            script] + extra, **RUN)
-    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    return kftbench.torch_peer(os.path.join(here, "fashion_mnist_torch.py"), ranks, extra, **RUN)
 
 
 def fmt(v, unit=""):

@@ -46,6 +46,16 @@ def blas_loaded():
         return "unknown"
 
 
+def join_job(threads):
+    """torch threads per rank; under torchrun (WORLD_SIZE > 1) the gloo process group.
+    Returns (ddp, rank, world)."""
+    torch.set_num_threads(threads)
+    ddp = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+    if ddp:
+        dist.init_process_group("gloo")
+    return ddp, (dist.get_rank() if ddp else 0), (dist.get_world_size() if ddp else 1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
@@ -64,12 +74,7 @@ def main():
     ap.add_argument("--final-out", help="rank 0 writes the final parameters here (raw f32)")
     a = ap.parse_args()
 
-    torch.set_num_threads(a.threads)
-    ddp = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
-    if ddp:
-        dist.init_process_group("gloo")
-    rank = dist.get_rank() if ddp else 0
-    world = dist.get_world_size() if ddp else 1
+    ddp, rank, world = join_job(a.threads)
     torch.manual_seed(a.seed)
 
     xtr, ytr = load(a.data, "train")
