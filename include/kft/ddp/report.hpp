@@ -96,7 +96,8 @@ struct fit_summary {
   int zero_stage = 0;
 };
 
-/// @brief Told what a run does, on every rank; every member has a default that does nothing.
+/// @brief Told what a run does, on every rank (a checkpoint: on the rank that wrote it); every
+/// member has a default that does nothing.
 class observer {
  public:
   virtual ~observer() = default;
@@ -104,6 +105,7 @@ class observer {
   virtual void on_progress(const progress_point&) {}
   virtual void on_eval(const eval_point&) {}
   virtual void on_epoch(const epoch_point&) {}
+  /// On the rank that wrote it (rank 0).
   virtual void on_checkpoint(std::uint64_t /*step*/, const std::string& /*file*/, std::size_t /*bytes*/) {}
   virtual void on_note(const std::string&) {}  ///< resumes, skipped files: one line of words
   virtual void on_summary(const fit_summary&) {}
