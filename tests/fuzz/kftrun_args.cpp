@@ -53,6 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     kft_fuzz::check(d > milliseconds(0) && d <= milliseconds(31LL * 24 * 3600 * 1000),
                     std::string(name) + " of " + std::to_string(d.count()) + " ms");
   kft_fuzz::check(o.term_grace >= milliseconds(0), "negative --term-grace");
+  kft_fuzz::check(o.exit_grace >= milliseconds(0), "negative --exit-grace");
   kft_fuzz::check(!o.token.empty(), "no store token");
   return 0;
 }

@@ -522,6 +522,42 @@ def stopped_worker():
     no_leftovers()
 
 
+def exit_grace():
+    """After a worker fails, the others may still exit by themselves for --exit-grace (1 s), so
+    that the error of one that saw the failure (often naming the rank at fault) is printed before
+    it is signalled; one that does not exit is stopped after the grace (a deadline), a stopped
+    one is not waited for, and a signal to kftrun ends the grace at once."""
+    said = "rank 0: kft: rank 1 is at a different call"
+
+    def script(delay):  # rank 1 fails at once, rank 0 sees it `delay` s later and says so, rank 2 goes on
+        return f'case $RANK in 1) exit 3;; 0) sleep {delay}; echo "{said}" >&2; exit 3;; *) exec sleep {MARK};; esac'
+
+    p, took = run(["--nproc-per-node", "3", "--", "sh", "-c", script(0.3)])
+    expect(p.returncode == EXIT["worker_failed"] and
+           re.search(r"^kftrun\[node 0\] ERROR: rank 1 \(local rank 1, node 0\) on .* exited with status 3$", p.stderr, re.M),
+           "the job fails naming the first rank to fail", p.returncode, p.stderr)
+    expect(f"[0]: {said}" in p.stderr, "the rank that saw the failure had the time to say so", p.stderr)
+    expect(0.9 < took < 4, f"the rank that went on was stopped after the grace of 1 s ({took:.2f} s)", p.stderr)
+    # --exit-grace 0: signalled at once (SIGTERM's default ends a worker before it can say anything).
+    p, took = run(["--nproc-per-node", "3", "--exit-grace", "0", "--", "sh", "-c", script(3)])
+    expect(p.returncode == EXIT["worker_failed"] and said not in p.stderr and took < 3,
+           f"--exit-grace 0 stops the others at once ({took:.2f} s)", p.returncode, p.stderr)
+    # A stopped worker cannot exit by itself: the grace does not wait for it.
+    p, took = run(["--nproc-per-node", "3", "--exit-grace", "20", "--", "sh", "-c",
+                   f'case $RANK in 0) kill -STOP $$; exec sleep {MARK};; 1) sleep 0.5; exit 3;; esac'])
+    expect(p.returncode == EXIT["worker_failed"] and took < 3,
+           f"workers left that are all stopped end the grace of 20 s at once ({took:.2f} s)", p.returncode, p.stderr)
+    # SIGTERM to kftrun during a long grace: the job stops at once.
+    a = start(["--nproc-per-node", "3", "--exit-grace", "30", "--", "sh", "-c",
+               f'[ "$RANK" = 1 ] && exit 3; exec sleep {MARK}'])
+    wait_for_workers(2)
+    time.sleep(0.5)
+    err, took = signal_and_wait(a, signal.SIGTERM)
+    expect(a.returncode == 143 and took < 3, f"SIGTERM during the grace of 30 s stops the job at once ({took:.2f} s)",
+           a.returncode, err)
+    no_leftovers()
+
+
 def store_flood():
     # 200 idle strangers against an agent limited to 128 file descriptors.
     port = free_port()
@@ -800,7 +836,7 @@ SCENARIOS = {f.__name__: f for f in [
     torch_style_worker, worker_fails, worker_killed_by_signal, restart_once, restarts_exhausted,
     two_agents_restart_together, agent_killed, agent_stopped, store_host_killed, worker_exit_classes, sigterm, sigint, wrong_token, port_in_use,
     unreachable_master, gang_timeout, log_dir, bad_input, pet_environment_forms,
-    sigterm_during_gang_start, daemon_left_behind, stopped_worker, store_flood, store_oversized_hello,
+    sigterm_during_gang_start, daemon_left_behind, stopped_worker, exit_grace, store_flood, store_oversized_hello,
     store_log_injection, unbounded_output, elastic_join_leave_rejoin, elastic_below_min, elastic_full_round_waits,
     elastic_duplicate_node_rank]}
 

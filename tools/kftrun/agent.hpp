@@ -63,6 +63,9 @@ struct options {
   std::chrono::milliseconds monitor_interval = 100ms;
   std::chrono::milliseconds heartbeat_timeout = 5s;
   std::chrono::milliseconds term_grace = 5s;
+  // After a worker failed (or a node is gone): how long the other workers may still exit by
+  // themselves, printing their own errors, before they are signalled (stop_workers).
+  std::chrono::milliseconds exit_grace = 1s;
   std::string token;
   std::vector<std::string> program;  // argv
   std::vector<std::string> cpusets;  // per local rank (--bind); empty = no binding
@@ -592,12 +595,12 @@ class agent {
       }
       try {
         if (auto f = store_->try_get(key(attempt, "failure"))) {
-          stop_workers(group);
           const auto rec = failure::parse(*f);
           out.code = rec.code();
           if (rec.get("lost") == "1") out.dead_node = std::stoi(rec.get("node"));
           out.fatal = rec.get("final") == "1";
           out.membership_change = rec.get("membership") == "1";
+          stop_workers(group, !out.membership_change && lets_workers_exit(out.code));
           out.message = out.membership_change ? "node " + rec.get("node") + " on " + rec.get("host") + " asked to join"
                                               : describe(rec);
           return out;
@@ -628,9 +631,9 @@ class agent {
           check_peers(attempt, m, beats, seen_alive, /*heartbeats=*/true);
         }
       } catch (const kft::error& e) {
-        stop_workers(group);
         out.fatal = true;
         out.code = store_failure_class(e);
+        stop_workers(group, lets_workers_exit(out.code));
         out.message = lost_store_message(e);
         return out;
       }
@@ -723,7 +726,26 @@ class agent {
     }
   }
 
-  void stop_workers(worker_group& group) const {
+  // Whether a failure of this class first gives the local workers --exit-grace to exit by
+  // themselves: a worker ended (here or on another node) or a node is gone, which the other
+  // workers find out for themselves and explain, often naming the rank at fault (a peer that
+  // died, or called with other arguments). Signalled at once, they would die (SIGTERM's default)
+  // before printing it. Not a hang (the workers wait on it until their own deadlines), a signal
+  // to kftrun (it stops the job at once), nor a node that asks to join (the workers are well).
+  static bool lets_workers_exit(int code) {
+    return code == exit_code::worker_failed || code == exit_code::rank_lost || code == exit_code::node_lost;
+  }
+
+  // Stops the local workers: with `grace`, after --exit-grace in which they may exit by
+  // themselves (worker_group::let_exit: it ends once all have, or those left are stopped, or
+  // kftrun is signalled); then SIGTERM, and SIGKILL after --term-grace.
+  void stop_workers(worker_group& group, bool grace = false) const {
+    if (grace && opt_.exit_grace.count() > 0) {
+      group.let_exit(clock::now() + opt_.exit_grace, [] { return g_signal.load() != 0; });
+      if (!group.all_exited())
+        log(kft::log::level::debug, "stopping the workers still running after --exit-grace " +
+                                        kft::detail::describe_duration(opt_.exit_grace));
+    }
     const int before = group.strays_ended();
     group.kill_all(opt_.term_grace);
     if (const int n = group.strays_ended() - before; n > 0)

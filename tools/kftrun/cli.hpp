@@ -115,7 +115,7 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
   common.add_to(app, "kftrun");
   kftrun::options o;
   std::string nproc = "1";
-  double monitor = 0.1, grace = 5;
+  double monitor = 0.1, grace = 5, exit_grace = 1;
   std::optional<double> rdzv_timeout, heartbeat;
   std::string timeout_text;
   bool standalone = false;
@@ -163,6 +163,10 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
       ->envname("KFT_HEARTBEAT_TIMEOUT")->check(CLI::Range(0.5, 3600.0));
   app.add_option("--term-grace", grace, "seconds between SIGTERM and SIGKILL when stopping workers")
       ->envname("KFT_TERM_GRACE")->check(CLI::Range(0.0, 3600.0))->capture_default_str();
+  app.add_option("--exit-grace", exit_grace,
+                 "after a worker fails, seconds the others may still exit by themselves (and print their errors) "
+                 "before they are stopped; 0: stop them at once")
+      ->envname("KFT_EXIT_GRACE")->check(CLI::Range(0.0, 3600.0))->capture_default_str();
   app.add_flag("--standalone", standalone, "single node, any free port (the default when --nnodes is 1)");
   app.add_option("program", o.program, "the program and its arguments (after --)")->required();
   app.positionals_at_end();
@@ -188,6 +192,7 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
     o.monitor_interval = std::chrono::milliseconds(static_cast<long long>(monitor * 1000));
     o.heartbeat_timeout = heartbeat ? std::chrono::milliseconds(static_cast<long long>(*heartbeat * 1000)) : derived.heartbeat;
     o.term_grace = std::chrono::milliseconds(static_cast<long long>(grace * 1000));
+    o.exit_grace = std::chrono::milliseconds(static_cast<long long>(exit_grace * 1000));
     if (!log_dir.empty()) o.log_dir = log_dir;
     o.cpusets = plan_bindings(bind, o.nproc_per_node);
     if (const char* t = std::getenv("KFT_RDZV_TOKEN"); t != nullptr && *t != '\0') {

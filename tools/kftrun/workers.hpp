@@ -208,6 +208,22 @@ class worker_group {
     return none;
   }
 
+  /// Leaves the workers alone until `until`, relaying their output and reaping them: after a
+  /// failure, the others are often about to fail too, and their errors (a peer that died, a
+  /// peer that called with other arguments) name the rank at fault. Ends early once every
+  /// worker has exited, once those left are all stopped (SIGSTOP, a debugger: they cannot exit
+  /// by themselves), or when `cancelled()` says so (kftrun was signalled).
+  template <class Cancelled>
+  void let_exit(clock::time_point until, Cancelled cancelled) {
+    while (!cancelled()) {
+      const bool running =
+          std::any_of(workers_.begin(), workers_.end(), [](const worker& w) { return !w.exited && !is_stopped(w.pid); });
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
+      if (!running || left <= std::chrono::milliseconds(0)) break;
+      poll_once(std::min(left, std::chrono::milliseconds(20)));
+    }
+  }
+
   /// SIGTERM (and SIGCONT) to every live worker's process group, SIGKILL after `grace`; reaps everyone and
   /// drains their output. Leaves an empty group.
   void kill_all(std::chrono::milliseconds grace) {
