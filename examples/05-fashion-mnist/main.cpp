@@ -13,12 +13,14 @@
 #include <cblas.h>
 
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include <kft/ddp/mixed.hpp>
 #include <kft/ddp/trainer.hpp>
 #include <kft/init.hpp>
 #include <kft/kft.hpp>
@@ -30,6 +32,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"Data-parallel MLP training on Fashion-MNIST with kft's DDP trainer (run it under kftrun, mpirun or srun)"};
   std::string data = "/usr/share/datasets/fashion-mnist", hidden = "256,128", optimizer = "sgd", log_json, ckpt_dir;
+  std::string precision = "f32";
   kft::ddp::trainer_options to;
   to.epochs = 5;
   float lr = 0.05f, momentum = 0.9f, weight_decay = 0.0f;
@@ -55,6 +58,10 @@ int main(int argc, char** argv) {
   app.add_option("--zero", to.zero_stage, "ZeRO stage: 0 replicates the optimizer state, 1 shards it across the ranks")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
+  app.add_option("--precision", precision, "parameters in f32, or bf16 / f16 with f32 master weights")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  app.add_flag("--f32-gradients", to.f32_gradients, "with --precision bf16/f16: reduce the gradients in f32");
   app.add_flag("--deterministic", to.deterministic, "bit-identical results for any number of ranks dividing --micro-shards");
   app.add_option("--global-batch", to.global_batch, "deterministic: samples per step over all ranks (default batch x ranks)");
   app.add_option("--micro-shards", to.micro_shards, "deterministic: fixed shards per global batch (default: ranks)");
@@ -102,16 +109,21 @@ int main(int argc, char** argv) {
     to.eval_every = std::max<std::uint64_t>(1, steps_per_epoch / static_cast<std::uint64_t>(evals_per_epoch));
     if (evals_per_epoch == 1) to.eval_every = 0;
 
-    kft::ddp::fit_summary s;
-    if (optimizer == "sgd") {
-      kft::ddp::sgd opt({.lr = lr, .momentum = momentum, .weight_decay = weight_decay});
-      kft::ddp::trainer t(pg, model, opt, to);
-      s = t.fit(train.n, test.n);
-    } else {
+    // --precision bf16 / f16: the model's parameters in 16 bits (f32 master weights in the
+    // trainer, gradients in 16 bits unless --f32-gradients); the MLP itself computes in f32.
+    std::optional<kft::ddp::half_params<fmnist::mlp>> half;
+    if (precision != "f32") half.emplace(model, precision == "bf16" ? kft::dtype::bf16 : kft::dtype::f16);
+    auto fit = [&](auto& m) {
+      if (optimizer == "sgd") {
+        kft::ddp::sgd opt({.lr = lr, .momentum = momentum, .weight_decay = weight_decay});
+        kft::ddp::trainer t(pg, m, opt, to);
+        return t.fit(train.n, test.n);
+      }
       kft::ddp::adam opt({.lr = lr, .weight_decay = weight_decay});
-      kft::ddp::trainer t(pg, model, opt, to);
-      s = t.fit(train.n, test.n);
-    }
+      kft::ddp::trainer t(pg, m, opt, to);
+      return t.fit(train.n, test.n);
+    };
+    const kft::ddp::fit_summary s = half ? fit(*half) : fit(model);
     if (require_target && s.final_accuracy < target) {
       if (pg.rank() == 0)
         std::fprintf(stderr, "05-fashion-mnist: final test accuracy %.4f is below the target %.2f\n", s.final_accuracy, target);

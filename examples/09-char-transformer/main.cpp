@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <kft/ddp/mixed.hpp>
 #include <kft/ddp/trainer.hpp>
 #include <kft/init.hpp>
 #include <kft/kft.hpp>
@@ -111,7 +113,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", to.seed, "seed of the window order and the initial weights")->capture_default_str();
   app.add_option("--threads", threads, "BLAS threads per rank (default: cores / ranks on the node)")->check(CLI::Range(1, 1024));
   app.add_option("--bucket-cap-mib", bucket_cap_mib, "the reducer's bucket cap")->check(CLI::Range(1, 1024))->capture_default_str();
-  app.add_option("--precision", precision, "f32 (bf16: not yet)")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  app.add_option("--precision", precision, "weights and embeddings in f32, or bf16 / f16 with f32 master weights")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  app.add_flag("--f32-gradients", to.f32_gradients, "with --precision bf16/f16: reduce the gradients in f32");
   app.add_option("--baseline-rate", to.baseline_samples_per_s, "one rank's windows/s, for the weak-scaling efficiency");
   app.add_option("--sample", sample, "characters rank 0 writes after training, continuing the validation text (0: none)")
       ->check(CLI::Range(0, 100000))
@@ -123,10 +128,6 @@ int main(int argc, char** argv) {
   app.add_option("--log-json", log_json, "append JSON lines (start, eval, epoch, summary) to this file");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (precision == "bf16") {  // the place for mixed precision, when kft has it
-      std::fprintf(stderr, "09-char-transformer: --precision bf16: not yet (kft has no mixed precision yet): use f32\n");
-      return 2;
-    }
     if (gc.d % gc.heads != 0)
       throw CLI::ValidationError("--heads", std::to_string(gc.heads) + " does not divide --d " + std::to_string(gc.d));
     for (const auto& p : data)
@@ -192,8 +193,20 @@ int main(int argc, char** argv) {
     to.observers.push_back(&start);
     to.on_step = [&](std::uint64_t done) { opt.set_lr(lr_at(done + 1)); };
     if (warmup) to.label += ", lr warm-up " + std::to_string(warmup) + " steps";
-    kft::ddp::trainer t(pg, model, opt, to);
-    const kft::ddp::fit_summary s = t.fit(model.train_windows(), test);
+    // --precision bf16 / f16: weights and embeddings in 16 bits (f32 master weights in the
+    // trainer, 16-bit gradients unless --f32-gradients); LayerNorm gains and biases stay f32.
+    // The model computes in f32 on the 16-bit values (kft/ddp/mixed.hpp).
+    std::optional<kft::ddp::half_params<chargpt::char_gpt>> half;
+    if (precision != "f32")
+      half.emplace(model, precision == "bf16" ? kft::dtype::bf16 : kft::dtype::f16, [](const kft::ddp::tensor_ref& p) {
+        return p.name.ends_with(".g") || p.name.ends_with(".b");
+      });
+    auto fit = [&](auto& m) {
+      kft::ddp::trainer t(pg, m, opt, to);
+      return t.fit(model.train_windows(), test);
+    };
+    const kft::ddp::fit_summary s = half ? fit(*half) : fit(model);
+    if (half) half->sync();  // the model's f32 tensors from the final 16-bit values
 
     if (sample > 0 && pg.rank() == 0 && !to.quiet) {
       // The prompt: the first ctx/2 characters of the validation text's first whole fortune

@@ -3,8 +3,11 @@
 // as means, a maximum, a minimum) reduced over the ranks and checked against values computed
 // here from the data; training without evaluations; targets on the loss and on a metric;
 // observers; and the bad inputs (metrics that differ between ranks, a target the model does
-// not report, a test set for a model that cannot evaluate). Ranks are threads over the
-// shared-memory transport.
+// not report, a test set for a model that cannot evaluate); and streamed records through the
+// trainer: every record seen exactly once per epoch across the ranks, with and without a resume
+// in the middle of an epoch on another number of ranks, deterministic mode over records, and
+// their bad inputs (ranks with different records, a checkpoint of other records or of an
+// indexed run). Ranks are threads over the shared-memory transport.
 #define BOOST_TEST_MODULE kft_trainer_tasks
 #include <boost/test/unit_test.hpp>
 
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <span>
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include <kft/ddp/optim.hpp>
+#include <kft/ddp/records.hpp>
 #include <kft/ddp/trainer.hpp>
 #include <kft/group/process_group.hpp>
 
@@ -340,5 +345,262 @@ BOOST_AUTO_TEST_CASE(metric_names_are_words_used_once) {
       ddp::trainer t(g, m, opt, o);
     });
     BOOST_TEST(errors[0].find(says) != std::string::npos, errors[0]);
+  }
+}
+
+// ---- streamed records through the trainer ----------------------------------------------------
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Record r of the files: 4 u32 tokens {r, 7 r + 3, 0, 0}; the model's inputs are sample(r).
+constexpr std::uint64_t record_tokens = 4;
+struct record_files {
+  fs::path dir;
+  std::vector<fs::path> train, test;
+  std::uint64_t train_records = 0, test_records = 0;
+  // Training records: files of `sizes` records, numbered on across them; test: `test_n` more.
+  record_files(const std::string& tag, std::vector<std::uint64_t> sizes, std::uint64_t test_n) {
+    dir = fs::temp_directory_path() / ("kft-tasks-records-" + std::to_string(::getpid()) + "-" + tag);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::uint32_t id = 0;
+    auto write = [&](const fs::path& f, std::uint64_t n) {
+      std::ofstream out(f, std::ios::binary);
+      for (std::uint64_t k = 0; k < n; ++k, ++id) {
+        const std::uint32_t rec[record_tokens] = {id, 7 * id + 3, 0, 0};
+        out.write(reinterpret_cast<const char*>(rec), sizeof rec);
+      }
+    };
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      train.push_back(dir / ("train-" + std::to_string(i) + ".tok"));
+      write(train.back(), sizes[i]);
+      train_records += sizes[i];
+    }
+    test.push_back(dir / "test.tok");
+    id = 0;
+    write(test.back(), test_n);
+    test_records = test_n;
+  }
+  ~record_files() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  ddp::record_options options(std::vector<fs::path> files, std::uint64_t seed = 5) const {
+    return {.files = std::move(files), .token = ddp::token_type::u32, .record_tokens = record_tokens, .seed = seed};
+  }
+};
+
+// Counts of each record seen per epoch (over every rank and every run), and what went wrong.
+struct record_log {
+  std::mutex mu;
+  std::vector<std::vector<int>> seen;  // [epoch][record]
+  std::string wrong;                   // a record whose tokens were not its own
+  std::uint64_t evaluated = 0;         // records given to evaluate(), summed over ranks and calls
+  record_log(std::uint64_t epochs, std::uint64_t records) : seen(epochs, std::vector<int>(records, 0)) {}
+};
+
+// The regression above on streamed records: the record's first token names its sample; padding
+// rows are left out of the loss and the count; each real row is logged with the epoch.
+struct streaming_regression {
+  regression r;
+  record_log* log = nullptr;
+  std::function<std::uint64_t()> epoch;  // the trainer's epoch, once it exists
+  std::vector<std::uint32_t> ids;
+  std::vector<ddp::tensor_ref> parameters() { return r.parameters(); }
+  std::vector<ddp::metric> metrics() const { return r.metrics(); }
+  void take(const ddp::record_batch& b, bool training) {
+    ids.clear();
+    std::lock_guard<std::mutex> lock(log->mu);
+    for (std::size_t i = 0; i < b.rows; ++i) {
+      if (b.padding[i]) continue;
+      const auto row = b.row(i);
+      if (row[0] != b.ids[i] || row[1] != 7 * row[0] + 3) log->wrong = "record " + std::to_string(b.ids[i]);
+      ids.push_back(row[0]);
+      if (training) log->seen.at(epoch())[row[0]] += 1;
+    }
+    if (!training) log->evaluated += ids.size();
+  }
+  ddp::stats forward_backward(const ddp::record_batch& b, ddp::gradients& g) {
+    take(b, true);
+    return r.run(ids, &g);
+  }
+  ddp::stats evaluate(const ddp::record_batch& b) {
+    take(b, false);
+    return r.run(ids, nullptr);
+  }
+};
+static_assert(ddp::streaming_model<streaming_regression> && !ddp::indexed_model<streaming_regression>);
+static_assert(ddp::evaluable<streaming_regression>);
+
+// One run over the records; returns each rank's error ("" : none) and fills `sums` (rank 0's).
+std::vector<std::string> train_records(const record_files& f, record_log& log, int world, ddp::trainer_options o,
+                                       ddp::fit_summary* sum = nullptr, std::uint64_t* hash = nullptr,
+                                       std::uint64_t seed = 5) {
+  return with_ranks(world, [&](kft::group::process_group& g) {
+    auto train = ddp::open_records(g, f.options(f.train, seed));
+    auto test = ddp::open_records(g, f.options(f.test));
+    streaming_regression m;
+    m.log = &log;
+    ddp::sgd opt({.lr = 0.1f});
+    o.quiet = true;
+    ddp::trainer t(g, m, opt, o);
+    m.epoch = [&] { return t.epoch(); };
+    auto s = t.fit(train, &test);
+    if (g.rank() == 0 && sum) *sum = s;
+    if (g.rank() == 0 && hash) *hash = t.parameters_hash();
+  });
+}
+
+// Every record seen exactly once in every epoch; "" or the first record that was not.
+std::string exactly_once(const record_log& log) {
+  for (std::size_t e = 0; e < log.seen.size(); ++e)
+    for (std::size_t id = 0; id < log.seen[e].size(); ++id)
+      if (log.seen[e][id] != 1)
+        return "epoch " + std::to_string(e) + ": record " + std::to_string(id) + " seen " +
+               std::to_string(log.seen[e][id]) + " times";
+  return log.wrong;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(streamed_records_train_each_record_once_per_epoch) {
+  // 101 records in two files. 3 ranks x 4 records: 9 global batches, the last of 5 records
+  // (ranks get 2, 2 and 1 real rows); 4 ranks x 1: the last global batch is 1 record, and
+  // ranks 1..3 get a share that is all padding (not trained on). Evaluation over 23 test
+  // records in batches of 4 per rank.
+  record_files f("once", {37, 64}, 23);
+  for (auto [world, batch] : {std::pair{1, 4u}, std::pair{3, 4u}, std::pair{4, 1u}}) {
+    record_log log(2, f.train_records);
+    ddp::trainer_options o;
+    o.batch = batch;
+    o.epochs = 2;
+    o.eval_batch = 4;
+    ddp::fit_summary sum;
+    BOOST_TEST_REQUIRE(none(train_records(f, log, world, o, &sum)));
+    BOOST_TEST(exactly_once(log) == "", "world " << world);
+    const std::uint64_t global = static_cast<std::uint64_t>(world) * batch;
+    BOOST_TEST(sum.steps == 2 * ((f.train_records + global - 1) / global));
+    BOOST_TEST(sum.samples == 2 * f.train_records);
+    BOOST_TEST_REQUIRE(sum.evals.size() == 2u);
+    // Evaluations: every test record once per evaluation (the padding rows left out); the
+    // model learns.
+    BOOST_TEST(log.evaluated == 2 * f.test_records);
+    BOOST_TEST(sum.final_loss < 0.5 * sum.evals.front().loss);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_streamed_run_resumes_exactly_on_another_number_of_ranks) {
+  record_files f("resume", {37, 64}, 23);
+  // 3 ranks x 4: 9 steps an epoch. Stop and checkpoint after step 4 (48 records into epoch 0)
+  // or after step 9 (the epoch's very end), then go on with 2 ranks (global batch 8) to the end
+  // of epoch 2: every record once per epoch over both runs, and the same seen on 1 rank.
+  for (std::uint64_t stop : {4u, 9u, 13u}) {
+    const fs::path ckpt = f.dir / ("ckpt-" + std::to_string(stop));
+    record_log log(2, f.train_records);
+    ddp::trainer_options o;
+    o.batch = 4;
+    o.epochs = 2;
+    o.checkpoint_dir = ckpt;
+    o.checkpoint_every = stop;
+    o.max_steps = stop;
+    BOOST_TEST_REQUIRE(none(train_records(f, log, 3, o)));
+    o.max_steps = 0;
+    o.resume = true;
+    o.checkpoint_every = 0;
+    ddp::fit_summary sum;
+    BOOST_TEST_REQUIRE(none(train_records(f, log, 2, o, &sum)));
+    BOOST_TEST(exactly_once(log) == "", "stopped after step " << stop);
+    BOOST_TEST(sum.resumed_from == stop);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(deterministic_training_over_records_is_the_same_on_any_number_of_ranks) {
+  record_files f("determ", {37, 64}, 23);
+  std::vector<std::uint64_t> hashes;
+  for (int world : {1, 2, 4}) {
+    record_log log(2, f.train_records);
+    ddp::trainer_options o;
+    o.epochs = 2;
+    o.deterministic = true;
+    o.global_batch = 12;
+    o.micro_shards = 4;
+    std::uint64_t h = 0;
+    BOOST_TEST_REQUIRE(none(train_records(f, log, world, o, nullptr, &h)));
+    BOOST_TEST(exactly_once(log) == "", "world " << world);
+    hashes.push_back(h);
+  }
+  BOOST_TEST(hashes[0] == hashes[1]);
+  BOOST_TEST(hashes[0] == hashes[2]);
+}
+
+BOOST_AUTO_TEST_CASE(streamed_bad_inputs_are_named_without_a_hang) {
+  record_files f("bad", {37, 64}, 23);
+  // Rank 1 has only the first file (it would run dry): every rank stops in fit(), naming it.
+  {
+    record_log log(1, f.train_records);
+    auto errors = with_ranks(2, [&](kft::group::process_group& g) {
+      ddp::record_source train(f.options(g.rank() == 1 ? std::vector<fs::path>{f.train[0]} : f.train));
+      streaming_regression m;
+      m.log = &log;
+      ddp::sgd opt;
+      ddp::trainer_options o;
+      o.quiet = true;
+      ddp::trainer t(g, m, opt, o);
+      m.epoch = [&] { return t.epoch(); };
+      t.fit(train);
+    });
+    for (const auto& e : errors)
+      BOOST_TEST(e.find("the record source of rank(s) 1 differs from rank 0's") != std::string::npos, e);
+  }
+  // A checkpoint of the same files with another seed: refused in fit(), naming the seed.
+  const fs::path ckpt = f.dir / "ckpt";
+  {
+    record_log log(1, f.train_records);
+    ddp::trainer_options o;
+    o.batch = 4;
+    o.checkpoint_dir = ckpt;
+    o.checkpoint_every = 3;
+    o.max_steps = 3;
+    BOOST_TEST_REQUIRE(none(train_records(f, log, 2, o)));
+    o.resume = true;
+    o.max_steps = 0;
+    auto errors = train_records(f, log, 2, o, nullptr, nullptr, /*seed=*/6);
+    for (const auto& e : errors)
+      BOOST_TEST(e.find("was written for other records: the seed: 5 on the checkpoint, 6 on this run's records") !=
+                     std::string::npos,
+                 e);
+  }
+  // An indexed run's checkpoint resumed by a streaming model, and the other way round.
+  {
+    const fs::path indexed = f.dir / "ckpt-indexed";
+    auto errors = with_ranks(1, [&](kft::group::process_group& g) {
+      regression m;
+      ddp::sgd opt;
+      ddp::trainer_options o;
+      o.quiet = true;
+      o.checkpoint_dir = indexed;
+      ddp::trainer t(g, m, opt, o);
+      t.fit(16);
+    });
+    BOOST_TEST_REQUIRE(none(errors));
+    record_log log(1, f.train_records);
+    ddp::trainer_options o;
+    o.checkpoint_dir = indexed;
+    o.resume = true;
+    auto e = train_records(f, log, 1, o)[0];
+    BOOST_TEST(e.find("holds no record position (written by a run over indexed samples") != std::string::npos, e);
+    e = with_ranks(1, [&](kft::group::process_group& g) {
+      regression m;
+      ddp::sgd opt;
+      ddp::trainer_options ro;
+      ro.quiet = true;
+      ro.checkpoint_dir = ckpt;
+      ro.resume = true;
+      ddp::trainer t(g, m, opt, ro);
+    })[0];
+    BOOST_TEST(e.find("was written by a run over streamed records; this model takes sample indices") != std::string::npos,
+               e);
   }
 }

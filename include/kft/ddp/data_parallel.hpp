@@ -35,10 +35,22 @@
 KFT_NAMESPACE_BEGIN
 namespace ddp {
 
+namespace detail {
+// These helpers take f32 tensors; mixed precision (bf16 / f16 parameters) is the trainer's.
+inline void only_f32(std::span<const tensor_ref> params, const char* who) {
+  for (const auto& p : params)
+    if (p.type != dtype::f32)
+      throw usage_error(std::string(who) + ": parameter '" + p.name + "' is " + std::string(name(p.type)) +
+                        "; f32 parameters only here (kft::ddp::trainer handles bf16 and f16 parameters with f32 "
+                        "master weights)");
+}
+}  // namespace detail
+
 /// @brief A model's gradient buffers in one process.
 class local_gradients {
  public:
   explicit local_gradients(std::span<const tensor_ref> params) {
+    detail::only_f32(params, "local_gradients");
     for (const auto& p : params) buffers_.emplace_back(p.value.size(), 0.0f);
     for (auto& b : buffers_) views_.emplace_back(b);
   }
@@ -85,6 +97,7 @@ class data_parallel {
 
  private:
   static std::vector<parameter> as_parameters(std::span<const tensor_ref> params) {
+    detail::only_f32(params, "data_parallel");
     std::vector<parameter> ps;
     for (const auto& p : params) ps.push_back({p.value.size(), dtype::f32, p.name});
     return ps;

@@ -75,6 +75,7 @@
 #include <kft/core/namespace.hpp>
 #include <kft/core/options.hpp>
 #include <kft/ddp/checkpoint.hpp>
+#include <kft/ddp/model.hpp>
 #include <kft/ddp/sampler.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -210,20 +211,6 @@ inline std::string difference(const record_fingerprint& a, std::string_view a_na
   return {};
 }
 
-/// @brief One rank's share of a global batch of records.
-struct record_batch {
-  std::size_t rows = 0;           ///< records in the share, padding included (ceil(n / N) for every rank)
-  std::size_t real = 0;           ///< rows that are not padding
-  std::size_t record_tokens = 0;  ///< tokens per row
-  std::vector<std::uint32_t> tokens;  ///< rows x record_tokens, row after row, widened to u32
-  std::vector<std::uint32_t> ids;     ///< each row's record number (across the files, in their order)
-  std::vector<std::uint8_t> padding;  ///< 1: a padding row (a repeat), to leave out of losses and counts
-
-  std::span<const std::uint32_t> row(std::size_t i) const {
-    return {tokens.data() + i * record_tokens, record_tokens};
-  }
-};
-
 namespace detail {
 // Descriptors of a record source's files, opened on first use and closed least recently used
 // first; move-only, closes them all when destroyed.
@@ -291,6 +278,7 @@ class record_source {
   const record_options& options() const noexcept { return o_; }
   /// @brief Records in the data set (the epoch's length).
   std::uint64_t size() const noexcept { return starts_.back(); }
+  std::uint64_t epoch_length() const noexcept { return size(); }
   std::uint64_t record_bytes() const noexcept { return o_.record_tokens * static_cast<std::uint64_t>(o_.token); }
   std::uint64_t epoch() const noexcept { return sampler_.epoch(); }
   std::uint64_t cursor() const noexcept { return sampler_.cursor(); }
@@ -315,11 +303,7 @@ class record_source {
   /// @throws usage_error naming the file, the offset and the rank when a read fails or comes up short
   void read(const global_batch& b, int rank, int world, record_batch& out) {
     sampler_.rank_indices(b, rank, world, out.ids);  // checks rank and world
-    const std::size_t rows = out.ids.size(), L = static_cast<std::size_t>(o_.record_tokens);
-    const std::size_t rb = static_cast<std::size_t>(record_bytes());
-    out.rows = rows;
-    out.record_tokens = L;
-    out.tokens.resize(rows * L);
+    const std::size_t rows = out.ids.size();
     out.padding.resize(rows);
     out.real = 0;
     for (std::size_t k = 0; k < rows; ++k) {
@@ -327,27 +311,18 @@ class record_source {
       out.padding[k] = pad ? 1 : 0;
       out.real += pad ? 0 : 1;
     }
-    const bool wide = o_.token == token_type::u32;
-    if (!wide) raw_.resize(rows * rb);
-    auto* dst = wide ? reinterpret_cast<unsigned char*>(out.tokens.data()) : raw_.data();
-    // One pread per run of records that follow each other in the same file.
-    for (std::size_t i = 0; i < rows;) {
-      const std::uint64_t id = out.ids[i];
-      const std::size_t f = file_of(id);
-      std::size_t j = i + 1;
-      while (j < rows && out.ids[j] == out.ids[j - 1] + 1 && out.ids[j] < starts_[f + 1]) ++j;
-      read_run(f, (id - starts_[f]) * rb, dst + i * rb, (j - i) * rb, rank, world);
-      i = j;
-    }
-    if (o_.token == token_type::u8) {
-      for (std::size_t k = 0; k < rows * L; ++k) out.tokens[k] = raw_[k];
-    } else if (o_.token == token_type::u16) {
-      for (std::size_t k = 0; k < rows * L; ++k) {
-        std::uint16_t v;
-        std::memcpy(&v, raw_.data() + 2 * k, 2);
-        out.tokens[k] = v;
-      }
-    }
+    fill(out, rank, world);
+  }
+
+  /// @brief Micro-shard `j` of `shards` of `b` (the trainer's deterministic mode: positions
+  /// [j n / shards, (j + 1) n / shards) of the batch, no padding; possibly empty), read from
+  /// disk into `out`. `rank` and `world` only name the reader in errors.
+  void read_shard(const global_batch& b, std::uint64_t j, std::uint64_t shards, record_batch& out, int rank = 0,
+                  int world = 1) {
+    sampler_.micro_shard(b, j, shards, out.ids);
+    out.padding.assign(out.ids.size(), 0);
+    out.real = out.ids.size();
+    fill(out, rank, world);
   }
 
   /// @brief Writes the position and the fingerprint as sections `<prefix>.fingerprint`,
@@ -377,6 +352,35 @@ class record_source {
   }
 
  private:
+  // The records out.ids name, read into out.tokens (one pread per run of adjacent records).
+  void fill(record_batch& out, int rank, int world) {
+    const std::size_t rows = out.ids.size(), L = static_cast<std::size_t>(o_.record_tokens);
+    const std::size_t rb = static_cast<std::size_t>(record_bytes());
+    out.rows = rows;
+    out.record_tokens = L;
+    out.tokens.resize(rows * L);
+    const bool wide = o_.token == token_type::u32;
+    if (!wide) raw_.resize(rows * rb);
+    auto* dst = wide ? reinterpret_cast<unsigned char*>(out.tokens.data()) : raw_.data();
+    for (std::size_t i = 0; i < rows;) {
+      const std::uint64_t id = out.ids[i];
+      const std::size_t f = file_of(id);
+      std::size_t j = i + 1;
+      while (j < rows && out.ids[j] == out.ids[j - 1] + 1 && out.ids[j] < starts_[f + 1]) ++j;
+      read_run(f, (id - starts_[f]) * rb, dst + i * rb, (j - i) * rb, rank, world);
+      i = j;
+    }
+    if (o_.token == token_type::u8) {
+      for (std::size_t k = 0; k < rows * L; ++k) out.tokens[k] = raw_[k];
+    } else if (o_.token == token_type::u16) {
+      for (std::size_t k = 0; k < rows * L; ++k) {
+        std::uint16_t v;
+        std::memcpy(&v, raw_.data() + 2 * k, 2);
+        out.tokens[k] = v;
+      }
+    }
+  }
+
   // Checks the options and the files, fills fp_ and starts_; returns the number of records.
   std::uint64_t count_records() {
     static_assert(std::endian::native == std::endian::little, "record files are little-endian");

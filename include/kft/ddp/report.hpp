@@ -37,6 +37,7 @@ struct run_info {
   std::string optimizer;
   std::string batch;               ///< e.g. "64 per rank, 128 global"
   std::string sharding;            ///< ZeRO-1's note ("" : replicated optimizer state)
+  std::string precision;           ///< mixed precision, in words ("" : every parameter f32)
   std::uint64_t epochs = 0, train_samples = 0, eval_samples = 0;
   bool evaluates = false, deterministic = false;
   std::uint64_t global_batch = 0, resumed_from = 0;
@@ -94,6 +95,8 @@ struct fit_summary {
   std::uint64_t parameters_hash = 0;
   std::size_t optimizer_state_bytes = 0;
   int zero_stage = 0;
+  std::uint64_t skipped_steps = 0;  ///< loss scaling: steps skipped because a gradient overflowed
+  double loss_scale = 0.0;          ///< loss scaling: the scale at the end (0: no loss scaling)
 };
 
 /// @brief Told what a run does, on every rank (a checkpoint: on the rank that wrote it); every
@@ -140,7 +143,8 @@ class console_report : public observer {
         (r.threads ? ", " + std::to_string(r.threads) + " compute thread(s) per rank" : std::string()) + "\n  " +
         std::to_string(r.parameters) + " parameters in " + std::to_string(r.tensors) + " tensors, " +
         std::to_string(r.buckets) + " bucket(s); " + r.optimizer + "; batch " + r.batch +
-        (r.sharding.empty() ? std::string() : "; " + r.sharding) + "; " + std::to_string(r.train_samples) +
+        (r.sharding.empty() ? std::string() : "; " + r.sharding) +
+        (r.precision.empty() ? std::string() : "; " + r.precision) + "; " + std::to_string(r.train_samples) +
         " training / " + (r.evaluates ? std::to_string(r.eval_samples) + " test samples" : std::string("no test samples")));
     if (!quiet_) {
       tty_ = ::isatty(2) == 1;
@@ -230,6 +234,9 @@ class console_report : public observer {
         line += ", final test " + ms_->list()[k].name + " " + num(s.final_metrics[k]);
     }
     line += ", " + num(s.samples_per_s, 0) + " samples/s, exposed communication " + num(comm, 1) + "%";
+    if (s.loss_scale > 0)
+      line += ", " + std::to_string(s.skipped_steps) + " step(s) skipped (f16 gradients overflowed; loss scale now " +
+              num(s.loss_scale, 0) + ")";
     if (!s.target.empty())
       line += s.seconds_to_target ? ", time to " + s.target + ": " + num(*s.seconds_to_target, 2) + " s (epoch " +
                                         num(*s.epoch_to_target, 2) + ")"
@@ -248,6 +255,7 @@ class console_report : public observer {
         ",\"weak_scaling_efficiency\":" + (s.weak_scaling_efficiency > 0 ? num(s.weak_scaling_efficiency) : std::string("null")) +
         ",\"optimizer_seconds\":" + num(s.optimizer_seconds) + ",\"optimizer_state_bytes\":" +
         std::to_string(s.optimizer_state_bytes) + ",\"zero_stage\":" + std::to_string(s.zero_stage) +
+        ",\"skipped_steps\":" + std::to_string(s.skipped_steps) + ",\"loss_scale\":" + num(s.loss_scale, 1) +
         ",\"parameters_hash\":\"" + std::to_string(s.parameters_hash) + "\"}");
   }
 

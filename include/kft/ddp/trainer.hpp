@@ -9,12 +9,18 @@
 ///     kft::ddp::sgd opt({.lr = 0.05f, .momentum = 0.9f});
 ///     kft::ddp::trainer t(pg, m, opt, {.batch = 64, .epochs = 3});
 ///     t.fit(train_size, test_size);                 // or t.step(indices) ... t.join() in your own loop
+///     t.fit(train_records, test_records);           // a streaming model: record sources (records.hpp)
 ///
 /// What it does (docs/ddp.md):
 ///  - **start**: the model's parameters must match on every rank (the reducer names the first
 ///    difference); parameters and optimizer state are broadcast from rank 0; with `resume`,
 ///    every rank loads the newest valid checkpoint rank 0 found and proves it loaded the same.
-///  - **steps**: this rank's share of each global batch (`distributed_sampler`), forward and
+///  - **data**: an indexed model is given this rank's sample indices of each global batch
+///    (`distributed_sampler`); a streaming model the records of its share, read from files by a
+///    `record_source` (records.hpp) whose position is checkpointed and resumes exactly, also on
+///    another number of ranks. A share that is all padding (the ragged end of an epoch, more
+///    ranks than records left) is not trained on and counts as no contribution.
+///  - **steps**: this rank's share of each global batch, forward and
 ///    backward through the model, whose gradients are views into the reducer's buckets and
 ///    travel while the backward pass still runs; `accumulate` micro-batches per optimizer step
 ///    (all but the last under `no_sync`).
@@ -62,6 +68,7 @@
 #include <kft/ddp/fixed_point.hpp>
 #include <kft/ddp/model.hpp>
 #include <kft/ddp/optim.hpp>
+#include <kft/ddp/records.hpp>
 #include <kft/ddp/reducer.hpp>
 #include <kft/ddp/report.hpp>
 #include <kft/ddp/sampler.hpp>
@@ -141,6 +148,20 @@ struct trainer_options {
   /// so a run resumes on any number of ranks, sharded or not. Buckets keep their first layout
   /// (no rebuild: the shards would move).
   int zero_stage = 0;
+  /// Mixed precision (bf16 / f16 parameters, tensor_ref::bf16 and ::f16; file comment): their
+  /// gradients travel in f32 buckets instead of the parameter's own type.
+  bool f32_gradients = false;
+  /// Loss scaling (as torch.amp's GradScaler): the gradients are stored x scale, an overflow
+  /// (a non-finite gradient on any rank) skips the step on every rank and multiplies the scale
+  /// by `backoff`; `interval` steps in a row without one multiply it by `growth`.
+  struct loss_scaling {
+    enum class mode { automatic, on, off };
+    mode use = mode::automatic;  ///< automatic: on when some gradient travels in f16
+    double initial = 65536.0;
+    double growth = 2.0;
+    double backoff = 0.5;
+    std::uint64_t interval = 2000;
+  } loss_scale;
   // Reporting (rank 0).
   bool quiet = false;
   std::string log_json;                  ///< JSON-lines log file ("" = none)
@@ -158,6 +179,12 @@ class trainer {
   /// model's tensors are device memory, the optimizer a device one such as `cuda_sgd`).
   static constexpr bool on_device = device_buffers_v<Group>;
   static_assert(!device_buffers_v<Control>, "the trainer's control group carries host arrays: pass a host group");
+  /// True when the model trains on streamed records (model.hpp's streaming_model).
+  static constexpr bool streams = streaming_model<M>;
+  static_assert(!(streams && indexed_model<M>),
+                "a model takes either sample indices or record batches in forward_backward, not both");
+  /// What one micro-batch of this rank holds: sample indices, or records.
+  using batch_type = std::conditional_t<streams, record_batch, std::vector<std::uint32_t>>;
   static_assert(!on_device || requires(O& o) {
     { o.end_step() } -> std::convertible_to<std::size_t>;
   }, "a trainer over a device group needs a device optimizer (end_step(): e.g. kft::ddp::cuda_sgd, <kft/ddp/cuda_optim.cuh>)");
@@ -209,18 +236,19 @@ class trainer {
     // The reducer: the model's parameters, and the trainer's own two values (contributing
     // micro-batches, ranks with a non-finite loss) as the reducer's trailer, which travels in
     // the bucket finish() launches last.
+    set_up_precision();
     std::vector<parameter> ps;
-    const dtype grad_type = o_.deterministic ? dtype::i64 : dtype::f32;
-    // (ZeRO-1: f64, a type no gradient has, so the counters get a bucket of their own that is
-    // allreduced while every gradient bucket is reduce-scattered.)
-    counts_type_ = o_.zero_stage ? dtype::f64 : grad_type;
+    // (The counters: i64 in deterministic mode (summed), f32 otherwise (averaged); ZeRO-1: f64,
+    // a type no gradient has, so they get a bucket of their own that is allreduced while every
+    // gradient bucket is reduce-scattered.)
+    counts_type_ = o_.zero_stage ? dtype::f64 : o_.deterministic ? dtype::i64 : dtype::f32;
     sizes_.reserve(tensors_.size());
-    for (const auto& t : tensors_) {
-      ps.push_back({t.value.size(), grad_type, t.name});
-      sizes_.push_back(t.value.size());
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      ps.push_back({tensors_[i].size(), grad_types_[i], tensors_[i].name});
+      sizes_.push_back(tensors_[i].size());
     }
     reducer_options ro = o_.reducer;
-    ro.trailer = 2;
+    ro.trailer = 3;
     ro.trailer_type = counts_type_;
     if (o_.deterministic) ro.deterministic = true;
     if constexpr (requires { m_.stream(); })  // a device model's stream: the gradients' order
@@ -236,6 +264,13 @@ class trainer {
       ro.find_unused_parameters = false;
     }
     r_.emplace(g_, std::move(ps), ro, trainer_hook{o_.zero_stage == 1});
+    if (mixed_) {
+      typed_views_.resize(tensors_.size());
+      std::size_t largest = 0;
+      for (std::size_t i = 0; i < tensors_.size(); ++i)
+        if (grad_types_[i] == dtype::bf16 || grad_types_[i] == dtype::f16) largest = std::max(largest, sizes_[i]);
+      grad32_.assign(largest, 0.0f);
+    }
     if (o_.zero_stage) {
       zero_.emplace(opt_);
       zero_->bind(*r_, g_.rank(), g_.size());
@@ -257,7 +292,10 @@ class trainer {
 
   const trainer_options& settings() const noexcept { return o_; }
   std::uint64_t step_count() const noexcept { return step_; }
-  std::uint64_t epoch() const noexcept { return sampler_ ? sampler_->epoch() : epoch_; }
+  std::uint64_t epoch() const noexcept {
+    if constexpr (streams) return src_ ? src_->epoch() : epoch_;
+    else return sampler_ ? sampler_->epoch() : epoch_;
+  }
   const reducer<Group, trainer_hook>& reduction() const { return *r_; }
   /// @brief The trainer's RNG (seeded from the options, kept in checkpoints): for dropout and the like.
   splitmix64& rng() noexcept { return rng_; }
@@ -286,11 +324,21 @@ class trainer {
   /// @brief One optimizer step on this rank's samples `indices` (your own loop; accumulate = 1).
   /// Every rank calls step() until it runs out of data, then join(). Returns this rank's
   /// statistics of the step.
-  stats step(std::span<const std::uint32_t> indices) {
-    if (o_.deterministic) throw usage_error("trainer: step() is the normal mode's; deterministic training runs through fit()",
-                                            site("ddp step"));
-    micro_n_ = 0;
+  stats step(std::span<const std::uint32_t> indices)
+    requires(!streams)
+  {
+    own_loop_step();
     next_micro().assign(indices.begin(), indices.end());
+    auto s = run_step();
+    after_step();
+    return s;
+  }
+  /// @brief The same for a streaming model: this rank's records (`record_source::read`).
+  stats step(const record_batch& records)
+    requires streams
+  {
+    own_loop_step();
+    next_micro() = records;  // reuses the slot's buffers once warm
     auto s = run_step();
     after_step();
     return s;
@@ -305,10 +353,10 @@ class trainer {
       r.zero_grad();
       for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i);  // the counts stay 0
       timed_finish();
-      const auto [contributions, bad] = counts();
+      const auto [contributions, bad, overflow] = counts();
       if (contributions == 0) break;  // every rank has joined
       check_loss(bad, false);
-      apply(contributions);
+      if (!overflowed(overflow)) apply(contributions);
       ++step_;
       ++shadowed;
       after_step();
@@ -318,7 +366,9 @@ class trainer {
 
   /// @brief Trains on samples 0..train_size-1 and evaluates on 0..test_size-1 (the model's
   /// sets; test_size 0: no evaluations) for `epochs` epochs, or until `max_steps`.
-  fit_summary fit(std::uint64_t train_size, std::uint64_t test_size = 0) {
+  fit_summary fit(std::uint64_t train_size, std::uint64_t test_size = 0)
+    requires(!streams)
+  {
     if (test_size > 0 && !evaluable<M>)
       throw usage_error("trainer: fit() was given " + std::to_string(test_size) +
                             " test samples but the model has no evaluate(samples)",
@@ -327,26 +377,83 @@ class trainer {
       throw usage_error("trainer: a target (" + target_words() + ") needs evaluations: pass fit() a test set",
                         site("ddp fit"));
     sampler_.emplace(sampler_options{train_size, o_.seed, o_.shuffle, o_.drop_last});
+    test_size_ = test_size;
+    return run_fit(train_size, test_size);
+  }
+
+  /// @brief A streaming model: trains on `train`'s records (each rank reading its share) and
+  /// evaluates on all of `test`'s, if given, for `epochs` epochs or until `max_steps`.
+  /// Collective: first checks that every rank has the same sources (verify_same_source).
+  /// The sources' own seed, shuffle and drop_last apply (trainer_options' are the indexed
+  /// sampler's); `train`'s position is part of the checkpoints and resumes exactly.
+  fit_summary fit(record_source& train, record_source* test = nullptr)
+    requires streams
+  {
+    if (test && !evaluable<M>)
+      throw usage_error("trainer: fit() was given test records but the model has no evaluate(const record_batch&)",
+                        site("ddp fit"));
+    if (!target_.metric.empty() && !test)
+      throw usage_error("trainer: a target (" + target_words() + ") needs evaluations: pass fit() test records",
+                        site("ddp fit"));
+    if (test == &train)
+      throw usage_error("trainer: the test records are the training source itself (pass another record_source; "
+                            "evaluating moves its position)",
+                        site("ddp fit"));
+    verify_same_source(c_, train, options{});
+    if (test) verify_same_source(c_, *test, options{});
     if (restored_) {
-      sampler_->restore(*restored_);
-      if (!sampler_->next(o_.global_batch)) {  // saved at an epoch's very end: the next one starts
+      const auto theirs = record_fingerprint::decode(restored_records_);
+      const std::string diff =
+          theirs ? difference(*theirs, "the checkpoint", train.fingerprint(), "this run's records", false)
+                 : std::string("its records fingerprint does not decode");
+      if (!diff.empty())
+        throw usage_error("trainer: checkpoint " + restored_what_ + " was written for other records: " + diff,
+                          site("ddp fit"));
+    }
+    src_ = &train;
+    test_src_ = test;
+    test_size_ = test ? test->size() : 0;
+    return run_fit(train.size(), test_size_);
+  }
+
+ private:
+  // The data's position: the indexed sampler, or the record source.
+  auto& feed() {
+    if constexpr (streams) return *src_;
+    else return *sampler_;
+  }
+  const auto& feed() const {
+    if constexpr (streams) return *src_;
+    else return *sampler_;
+  }
+  void own_loop_step() {
+    if (o_.deterministic)
+      throw usage_error("trainer: step() is the normal mode's; deterministic training runs through fit()",
+                        site("ddp step"));
+    micro_n_ = 0;
+  }
+
+  fit_summary run_fit(std::uint64_t train_size, std::uint64_t test_size) {
+    auto& data = feed();
+    if (restored_) {
+      data.restore(*restored_);
+      if (!data.next(o_.global_batch)) {  // saved at an epoch's very end: the next one starts
         restored_->epoch += 1;
         restored_->cursor = 0;
-        sampler_->restore(*restored_);
+        data.restore(*restored_);
       }
     } else {
-      sampler_->set_epoch(epoch_);
+      data.set_epoch(epoch_);
     }
-    test_size_ = test_size;
     fit_summary sum;
     sum.resumed_from = resumed_step_;
     sum.target = target_words();
     tell([&](observer& x) { x.on_start(run_description(train_size, test_size)); });
     const auto t_start = clk::now();
-    const std::uint64_t first_epoch = sampler_->epoch();
+    const std::uint64_t first_epoch = data.epoch();
     bool stop = false;
     for (std::uint64_t e = first_epoch; e < o_.epochs && !stop; ++e) {
-      if (e != first_epoch || !restored_) sampler_->set_epoch(e);
+      if (e != first_epoch || !restored_) data.set_epoch(e);
       restored_.reset();
       epoch_ = e;
       stats es = ms_.empty();
@@ -354,11 +461,11 @@ class trainer {
       const double comm0 = comm_s_;
       const auto te = clk::now();
       double eval_s = 0.0;
-      const std::uint64_t steps_in_epoch = (sampler_->batches_left(o_.global_batch) + o_.accumulate - 1) / o_.accumulate;
+      const std::uint64_t steps_in_epoch = (data.batches_left(o_.global_batch) + o_.accumulate - 1) / o_.accumulate;
       std::uint64_t k = 0;
       while (!stop) {
         if (!gather_micro_batches()) break;
-        for (const auto& mb : micro()) my_samples += mb.size();
+        for (const auto& mb : micro()) my_samples += rows_of(mb);
         ms_.merge(es, run_step());
         after_step();
         if (o_.on_step) o_.on_step(step_);
@@ -384,7 +491,7 @@ class trainer {
         record_eval(sum, seconds(t_start, t0) - eval_total_);
         eval_total_ += seconds(t0, clk::now());
       }
-      const bool epoch_done = !sampler_->next(o_.global_batch);
+      const bool epoch_done = !data.next(o_.global_batch);
       if (!o_.checkpoint_dir.empty() && !o_.checkpoint_every && epoch_done) save_checkpoint(epoch_done);
       epoch_point ep;
       ep.epoch = e + 1;
@@ -395,7 +502,7 @@ class trainer {
       ep.exposed_comm_seconds = comm_s_ - comm0;
       ep.eval = sum.evals.empty() ? nullptr : &sum.evals.back();
       tell([&](observer& x) { x.on_epoch(ep); });
-      if (epoch_done && e + 1 < o_.epochs) sampler_->set_epoch(e + 1);
+      if (epoch_done && e + 1 < o_.epochs) data.set_epoch(e + 1);
     }
     sum.steps = step_;
     sum.wall_seconds = seconds(t_start, clk::now());
@@ -417,6 +524,8 @@ class trainer {
     sum.parameters_hash = parameters_hash();
     sum.optimizer_state_bytes = optimizer_state_bytes();
     sum.zero_stage = o_.zero_stage;
+    sum.skipped_steps = skipped_;
+    sum.loss_scale = scaling_ ? scale_ : 0.0;
     tell([&](observer& x) { x.on_summary(sum); });
     // KFT_TIMELINE: written now (a job that dies later still leaves this fit's trace); a failure
     // to write is said, not thrown: the training itself is done.
@@ -430,10 +539,11 @@ class trainer {
     return sum;
   }
 
+ public:
   /// @brief Evaluation statistics over every rank (rank r evaluates samples r, r + N, ...),
   /// reduced: the same on every rank.
   stats evaluate(std::uint64_t test_size)
-    requires evaluable<M>
+    requires(evaluable<M> && !streams)
   {
     auto span = traced("evaluate");
     stats s = ms_.empty();
@@ -443,6 +553,23 @@ class trainer {
       idx.clear();
       for (; p < test_size && idx.size() < o_.eval_batch; p += n) idx.push_back(static_cast<std::uint32_t>(p));
       ms_.merge(s, as_stats(m_.evaluate(idx)));
+    }
+    reduce(s);
+    return s;
+  }
+  /// @brief The same for a streaming model: all of `test`'s records, each rank reading its
+  /// share in global batches of eval_batch x ranks (its position is reset to the start).
+  stats evaluate(record_source& test)
+    requires(evaluable<M> && streams)
+  {
+    auto span = traced("evaluate");
+    stats s = ms_.empty();
+    const std::uint64_t gb = o_.eval_batch * static_cast<std::uint64_t>(g_.size());
+    test.set_epoch(0);
+    while (auto b = test.next(gb)) {
+      test.read(*b, g_.rank(), g_.size(), eval_records_);
+      if (eval_records_.real) ms_.merge(s, as_stats(m_.evaluate(std::as_const(eval_records_))));
+      test.advance(*b);
     }
     reduce(s);
     return s;
@@ -461,14 +588,20 @@ class trainer {
       for (std::size_t b = 0; b < opt_.state().buffers.size(); ++b) whole.push_back(zero_->whole_state(g_, b, sizes_, g_.rank() == 0));
     if (g_.rank() != 0) return;
     checkpoint_writer w;
-    sampler_state ss = sampler_ ? sampler_->state() : sampler_state{o_.seed, epoch_, 0};
+    sampler_state ss = has_feed() ? feed().state() : sampler_state{o_.seed, epoch_, 0};
     if (epoch_done) {  // the next run starts the next epoch
       ss.epoch += 1;
       ss.cursor = 0;
     }
     const auto& st = opt_.state();
     trainer_state{step_, ss, static_cast<std::uint64_t>(g_.size()), rng_.state, opt_.name(), st.steps}.write(w);
-    for (const auto& t : tensors_) w.put_floats(trainer_state::parameter_key(t.name), t.value);
+    if constexpr (streams)  // which records the position counts in (the position is trainer_state's)
+      if (src_) w.put_string(records_key, src_->fingerprint().encode());
+    // Mixed precision: the parameters' types (the values saved are the f32 master weights) and
+    // the loss scaler's state.
+    w.put_string(types_key, parameter_types());
+    if (scaling_) w.put_string(scaler_key, num(scale_, 17) + " " + std::to_string(good_steps_) + " " + std::to_string(skipped_));
+    for (const auto& t : opt_tensors_) w.put_floats(trainer_state::parameter_key(t.name), t.value);
     for (std::size_t b = 0; b < st.names.size(); ++b)
       for (std::size_t i = 0; i < tensors_.size(); ++i)
         w.put_floats(trainer_state::optimizer_key(st.names[b], tensors_[i].name), zero_ ? whole[b][i] : st.buffers[b][i]);
@@ -511,28 +644,44 @@ class trainer {
 
   // This rank's micro-batches of the next optimizer step (false at the end of the epoch).
   // The next micro-batch's index list (the lists are kept between steps: no allocation once warm).
-  std::vector<std::uint32_t>& next_micro() {
+  batch_type& next_micro() {
     if (micro_n_ == micro_.size()) micro_.emplace_back();
     return micro_[micro_n_++];
   }
-  std::span<const std::vector<std::uint32_t>> micro() const { return {micro_.data(), micro_n_}; }
+  std::span<const batch_type> micro() const { return {micro_.data(), micro_n_}; }
+  // The samples (records that are not padding) in a micro-batch.
+  static std::size_t rows_of(const batch_type& b) {
+    if constexpr (streams) return b.real;
+    else return b.size();
+  }
+  bool has_feed() const noexcept {
+    if constexpr (streams) return src_ != nullptr;
+    else return sampler_.has_value();
+  }
+  // A streaming run's checkpoint section: the fingerprint of the records its position counts in.
+  static constexpr const char* records_key = "trainer.records";
+  static constexpr const char* types_key = "trainer.types";        // the parameters' types, in order
+  static constexpr const char* scaler_key = "trainer.loss_scale";  // "scale good-steps skipped"
 
   bool gather_micro_batches() {
     micro_n_ = 0;
     last_samples_ = 0;
     for (std::uint64_t k = 0; k < o_.accumulate; ++k) {
-      auto b = sampler_->next(o_.global_batch);
+      auto& data = feed();
+      auto b = data.next(o_.global_batch);
       if (!b) break;
       last_samples_ += b->size;
       if (o_.deterministic) {
         const auto n = static_cast<std::uint64_t>(g_.size());
         for (std::uint64_t j = static_cast<std::uint64_t>(g_.rank()); j < o_.micro_shards; j += n) {
-          sampler_->micro_shard(*b, j, o_.micro_shards, next_micro());
+          if constexpr (streams) data.read_shard(*b, j, o_.micro_shards, next_micro(), g_.rank(), g_.size());
+          else data.micro_shard(*b, j, o_.micro_shards, next_micro());
         }
       } else {
-        sampler_->rank_indices(*b, g_.rank(), g_.size(), next_micro());
+        if constexpr (streams) data.read(*b, g_.rank(), g_.size(), next_micro());
+        else data.rank_indices(*b, g_.rank(), g_.size(), next_micro());
       }
-      sampler_->advance(*b);
+      data.advance(*b);
     }
     return micro_n_ != 0;
   }
@@ -545,6 +694,7 @@ class trainer {
         t->r_->mark_ready(i);
       }
     } else {
+      if (t->check_overflow_ && !t->finite_gradient(i)) t->overflow_ = 1;
       t->r_->mark_ready(i);
     }
   }
@@ -555,19 +705,20 @@ class trainer {
     stats s = ms_.empty();
     std::uint64_t bad = 0, contributed = 0;
     const std::size_t k = micro_n_;
+    overflow_ = 0;
     if (o_.deterministic) {
       // Every shard's gradient becomes fixed point and is added (exactly) into the reducer's
       // i64 buckets; the last shard's conversions happen as its gradients become final.
       for (std::size_t i = 0; i < tensors_.size(); ++i) views_[i] = std::span<float>(local_[i]);
       std::size_t nonempty = 0;
-      for (const auto& mb : micro()) nonempty += !mb.empty();
+      for (const auto& mb : micro()) nonempty += rows_of(mb) != 0;
       std::size_t done = 0;
       if (nonempty == 0) {
         r.zero_grad();
         for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i);
       }
       for (const auto& mb : micro()) {
-        if (mb.empty()) continue;
+        if (rows_of(mb) == 0) continue;
         first_micro_ = done == 0;
         last_micro_ = done + 1 == nonempty;
         gradients gs(views_, false, &on_ready, this);
@@ -582,31 +733,54 @@ class trainer {
         ++done;
       }
       contributed = nonempty;
-      set_counts(contributed, bad);
+      set_counts(contributed, bad, 0);
       timed_finish();
     } else {
       for (std::size_t m = 0; m < k; ++m) {
         const bool last = m + 1 == k;
         std::optional<typename reducer<Group, trainer_hook>::sync_guard> quiet;
         if (!last) (void)quiet.emplace(r.no_sync());  // (void): nvcc flags the discarded nodiscard reference
-        for (std::size_t i = 0; i < tensors_.size(); ++i) views_[i] = r.template gradient<float>(i);
-        gradients gs(views_, m > 0, &on_ready, this);
+        check_overflow_ = scaling_ && last;
+        if (rows_of(micro_[m]) == 0) {  // all padding (streamed records): no contribution
+          if (contributed == 0) r.zero_grad();  // (else: the earlier micro-batches' sum stays)
+          if (last) {
+            for (std::size_t i = 0; i < tensors_.size(); ++i) overflow_ |= check_overflow_ && !finite_gradient(i);
+            set_counts(contributed, bad, overflow_);
+            for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i);
+          }
+          timed_finish();
+          continue;
+        }
+        auto gs = typed_grads_ ? [&] {
+          for (std::size_t i = 0; i < tensors_.size(); ++i)
+            typed_views_[i] = {r.gradient_data(i), sizes_[i], grad_types_[i]};
+          return gradients(std::span<const grad_view>(typed_views_), contributed > 0, &on_ready, this,
+                           static_cast<float>(scale_));
+        }()
+                               : [&] {
+                                   for (std::size_t i = 0; i < tensors_.size(); ++i)
+                                     views_[i] = r.template gradient<float>(i);
+                                   return gradients(std::span<const std::span<float>>(views_), contributed > 0,
+                                                    &on_ready, this);
+                                 }();
         auto bs = [&] {
           auto span = traced("backward");
-          return m_.forward_backward(micro_[m], gs);
+          return m_.forward_backward(std::as_const(micro_[m]), gs);
         }();
         bad |= !std::isfinite(bs.loss_sum);
         ms_.merge(s, as_stats(bs));
-        if (last) set_counts(k, bad);
+        ++contributed;
+        if (last) set_counts(contributed, bad, overflow_);
         timed_finish();
       }
     }
-    const auto [contributions, bad_ranks] = counts();
+    check_overflow_ = false;
+    const auto [contributions, bad_ranks, overflow_ranks] = counts();
     if (bad_ranks) {
       local_bad_ = bad != 0;
       check_loss(bad_ranks, true);
     }
-    apply(contributions);
+    if (!overflowed(overflow_ranks)) apply(contributions);
     ++step_;
     return s;
   }
@@ -623,49 +797,78 @@ class trainer {
     throw numerics_error(why, site("ddp step", step_ + 1));
   }
 
-  // The trainer's two values (contributing micro-batches, ranks with a non-finite loss): i64
-  // buckets are summed, float ones averaged (averages of small integers: exact after x N and
-  // rounding).
-  void set_counts(std::uint64_t contributions, std::uint64_t bad) {
+  // The trainer's three values (contributing micro-batches, ranks with a non-finite loss, ranks
+  // whose gradients overflowed under loss scaling): i64 buckets are summed, float ones averaged
+  // (averages of small integers: exact after x N and rounding).
+  struct step_counts {
+    std::uint64_t contributions = 0, bad = 0, overflow = 0;
+  };
+  void set_counts(std::uint64_t contributions, std::uint64_t bad, std::uint64_t overflow) {
     if constexpr (on_device) {  // f32 (deterministic mode and ZeRO are refused on devices)
-      const float c[2] = {static_cast<float>(contributions), static_cast<float>(bad)};
+      const float c[3] = {static_cast<float>(contributions), static_cast<float>(bad), static_cast<float>(overflow)};
       r_->upload(r_->trailer_data(), c, sizeof c);
       return;
     }
-    if (counts_type_ == dtype::i64) {
-      auto c = r_->template trailer<std::int64_t>();
-      c[0] = static_cast<std::int64_t>(contributions);
-      c[1] = static_cast<std::int64_t>(bad);
-    } else if (counts_type_ == dtype::f64) {
-      auto c = r_->template trailer<double>();
-      c[0] = static_cast<double>(contributions);
-      c[1] = static_cast<double>(bad);
-    } else {
-      auto c = r_->template trailer<float>();
-      c[0] = static_cast<float>(contributions);
-      c[1] = static_cast<float>(bad);
-    }
+    auto put = [&](auto c) {
+      using T = typename decltype(c)::value_type;
+      c[0] = static_cast<T>(contributions);
+      c[1] = static_cast<T>(bad);
+      c[2] = static_cast<T>(overflow);
+    };
+    if (counts_type_ == dtype::i64) put(r_->template trailer<std::int64_t>());
+    else if (counts_type_ == dtype::f64) put(r_->template trailer<double>());
+    else put(r_->template trailer<float>());
   }
-  std::pair<std::uint64_t, std::uint64_t> counts() {
-    const auto n = static_cast<double>(g_.size());
+  step_counts counts() {
     if (counts_type_ == dtype::i64) {
       auto c = r_->template trailer<std::int64_t>();
-      return {static_cast<std::uint64_t>(c[0]), static_cast<std::uint64_t>(c[1])};
+      return {static_cast<std::uint64_t>(c[0]), static_cast<std::uint64_t>(c[1]), static_cast<std::uint64_t>(c[2])};
     }
-    double c0 = 0, c1 = 0;
+    double c[3] = {0, 0, 0};
     if constexpr (on_device) {
-      float c[2] = {0.0f, 0.0f};
-      r_->download(c, r_->trailer_data(), sizeof c);
-      c0 = c[0], c1 = c[1];
+      float f[3] = {0.0f, 0.0f, 0.0f};
+      r_->download(f, r_->trailer_data(), sizeof f);
+      for (int k = 0; k < 3; ++k) c[k] = f[k];
     } else if (counts_type_ == dtype::f64) {
-      auto c = r_->template trailer<double>();
-      c0 = c[0], c1 = c[1];
+      auto t = r_->template trailer<double>();
+      for (int k = 0; k < 3; ++k) c[k] = t[static_cast<std::size_t>(k)];
     } else {
-      auto c = r_->template trailer<float>();
-      c0 = c[0], c1 = c[1];
+      auto t = r_->template trailer<float>();
+      for (int k = 0; k < 3; ++k) c[k] = t[static_cast<std::size_t>(k)];
     }
-    return {static_cast<std::uint64_t>(std::llround(c0 * n)), static_cast<std::uint64_t>(std::llround(c1 * n))};
+    const auto n = static_cast<double>(g_.size());
+    return {static_cast<std::uint64_t>(std::llround(c[0] * n)), static_cast<std::uint64_t>(std::llround(c[1] * n)),
+            static_cast<std::uint64_t>(std::llround(c[2] * n))};
   }
+
+  // Loss scaling: `ranks` ranks saw a non-finite gradient this step. Every rank gets the same
+  // count, so every rank makes the same decision: skip the step and back the scale off, or
+  // count a good step (and grow the scale after `interval` of them). True: skip.
+  bool overflowed(std::uint64_t ranks) {
+    if (!scaling_) return false;
+    const auto& ls = o_.loss_scale;
+    if (ranks == 0) {
+      skipped_in_row_ = 0;
+      if (++good_steps_ >= ls.interval) {
+        scale_ *= ls.growth;
+        good_steps_ = 0;
+      }
+      return false;
+    }
+    ++skipped_;
+    good_steps_ = 0;
+    scale_ *= ls.backoff;
+    if (++skipped_in_row_ >= max_skipped_in_row) {
+      const std::string first = first_bad_gradient();
+      throw numerics_error(std::to_string(skipped_in_row_) + " steps in a row skipped for non-finite gradients on " +
+                               std::to_string(ranks) + " rank(s) (loss scale now " + num(scale_, 9) +
+                               "): they are not finite at any scale (layer 1: the model's numbers)" +
+                               (first.empty() ? std::string() : "; here the first is '" + first + "'"),
+                           site("ddp step", step_ + 1));
+    }
+    return true;
+  }
+  static constexpr std::uint64_t max_skipped_in_row = 64;
 
   void timed_finish() {
     auto span = traced("finish");
@@ -701,7 +904,7 @@ class trainer {
         r_->download(scratch_.data(), r_->gradient_data(i), scratch_.size() * sizeof(float));
         for (float v : scratch_) bad |= detail::not_finite(v);
       } else {
-        for (float v : r_->template gradient<float>(i)) bad |= detail::not_finite(v);
+        bad = !finite_gradient(i);
       }
       if (bad) return tensors_[i].name;
     }
@@ -719,15 +922,19 @@ class trainer {
     if (o_.deterministic) {
       for (std::size_t i = 0; i < tensors_.size(); ++i) {
         fixed_->mean(r_->template gradient<std::int64_t>(i), avg_[i], contributions);
-        if (!opt_.step(i, tensors_[i].value, avg_[i], 1.0f) && bad == tensors_.size()) bad = i;
+        if (!opt_.step(i, opt_tensors_[i].value, avg_[i], 1.0f) && bad == tensors_.size()) bad = i;
       }
     } else {
-      // The buckets hold sum / N of the ranks' micro-batch means: x N / contributions is the mean.
-      const float scale = static_cast<float>(static_cast<double>(g_.size()) / static_cast<double>(contributions));
-      for (std::size_t i = 0; i < tensors_.size(); ++i)
-        if (!opt_.step(i, tensors_[i].value, r_->template gradient<float>(i), scale) && bad == tensors_.size())
-          bad = i;
+      // The buckets hold sum / N of the ranks' micro-batch means (x the loss scale): x N /
+      // contributions / scale is the mean.
+      const float scale = gradient_scale(contributions);
+      for (std::size_t i = 0; i < tensors_.size(); ++i) {
+        const std::span<const float> gr =
+            grad_types_[i] == dtype::f32 ? std::span<const float>(r_->template gradient<float>(i)) : widened_gradient(i, 0, sizes_[i]);
+        if (!opt_.step(i, opt_tensors_[i].value, gr, scale) && bad == tensors_.size()) bad = i;
+      }
     }
+    round_parameters();
     if constexpr (requires { opt_.end_step(); }) {  // a device optimizer: its kernels' verdict (waits for them)
       const std::size_t first = opt_.end_step();
       if (first < bad) bad = first;
@@ -745,11 +952,12 @@ class trainer {
   // parameters are allgathered.
   void apply_sharded(std::uint64_t contributions) {
     const auto t0 = clk::now();
-    const float scale = static_cast<float>(static_cast<double>(g_.size()) / static_cast<double>(contributions));
+    const float scale = gradient_scale(contributions);
     const auto& pieces = zero_->pieces();
     const std::size_t bad = zero_->step(
-        tensors_,
+        opt_tensors_,
         [&](const typename zero1<O>::piece& pc) -> std::span<const float> {
+          if (!o_.deterministic && grad_types_[pc.param] != dtype::f32) return widened_gradient(pc.param, pc.offset, pc.count);
           if (!o_.deterministic) return r_->template gradient<float>(pc.param).subspan(pc.offset, pc.count);
           auto a = std::span<float>(avg_[pc.param]).subspan(pc.offset, pc.count);
           fixed_->mean(r_->template gradient<std::int64_t>(pc.param).subspan(pc.offset, pc.count), a, contributions);
@@ -767,10 +975,129 @@ class trainer {
       abort_all(why);
       throw numerics_error(why, site("ddp step", step_ + 1));
     }
-    zero_->gather_parameters(g_, tensors_);
+    zero_->gather_parameters(g_, opt_tensors_);
+    round_parameters();
+  }
+
+  // ---- mixed precision ----
+  // Each parameter's type and its gradient's, the f32 master weights the optimizer updates (an
+  // f32 parameter is its own), loss scaling: checked before anything collective.
+  void set_up_precision() {
+    const std::size_t n = tensors_.size();
+    grad_types_.resize(n);
+    master_.resize(n);
+    opt_tensors_ = tensors_;
+    bool any_f16 = false, low_grads = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& t = tensors_[i];
+      const bool f32 = t.type == dtype::f32, low = t.type == dtype::bf16 || t.type == dtype::f16;
+      if (!f32 && !low)
+        throw usage_error("trainer: parameter '" + t.name + "' is " + std::string(name(t.type)) + " (f32, bf16 or f16)",
+                          site("ddp trainer"));
+      if ((f32 && !t.bits.empty()) || (low && !t.value.empty()))
+        throw usage_error("trainer: parameter '" + t.name + "' is " + std::string(name(t.type)) + " but has " +
+                              (f32 ? "16-bit values (tensor_ref::bits)" : "f32 values (tensor_ref::value)") +
+                              " (use tensor_ref::bf16 / ::f16 for a 16-bit parameter)",
+                          site("ddp trainer"));
+      if (low) {
+        mixed_ = true;
+        master_[i].resize(t.bits.size());
+        for (std::size_t k = 0; k < t.bits.size(); ++k)
+          master_[i][k] = t.type == dtype::bf16 ? bfloat16::to_float(t.bits[k]) : half::to_float(t.bits[k]);
+        opt_tensors_[i] = tensor_ref{t.name, std::span<float>(master_[i])};
+      }
+      grad_types_[i] = o_.deterministic ? dtype::i64 : (f32 || o_.f32_gradients) ? dtype::f32 : t.type;
+      any_f16 |= grad_types_[i] == dtype::f16;
+      low_grads |= grad_types_[i] == dtype::bf16 || grad_types_[i] == dtype::f16;
+    }
+    using mode = trainer_options::loss_scaling::mode;
+    const auto& ls = o_.loss_scale;
+    scaling_ = ls.use == mode::on || (ls.use == mode::automatic && any_f16);
+    if (scaling_ && o_.deterministic)
+      throw usage_error("trainer: loss scaling (loss_scale.use = on) in deterministic mode, whose gradients are f32 "
+                            "turned into fixed point: nothing to scale (set loss_scale.use = off)",
+                        site("ddp trainer"));
+    if (!(std::isfinite(ls.initial) && ls.initial > 0) || !(std::isfinite(ls.growth) && ls.growth >= 1.0) ||
+        !(ls.backoff > 0.0 && ls.backoff < 1.0) || ls.interval == 0)
+      throw usage_error("trainer: loss_scale = {initial " + num(ls.initial, 6) + ", growth " + num(ls.growth, 6) +
+                            ", backoff " + num(ls.backoff, 6) + ", interval " + std::to_string(ls.interval) +
+                            "} (initial > 0, growth >= 1, 0 < backoff < 1, interval >= 1)",
+                        site("ddp trainer"));
+    scale_ = scaling_ ? ls.initial : 1.0;
+    typed_grads_ = low_grads || scaling_;
+  }
+  // x N / contributions (the buckets average the ranks' means), / the loss scale.
+  float gradient_scale(std::uint64_t contributions) const {
+    return static_cast<float>(static_cast<double>(g_.size()) / static_cast<double>(contributions) / scale_);
+  }
+  // Elements [offset, offset + count) of parameter i's bf16 or f16 gradient, widened to f32.
+  std::span<const float> widened_gradient(std::size_t i, std::size_t offset, std::size_t count) {
+    const auto* src = static_cast<const std::uint16_t*>(r_->gradient_data(i)) + offset;
+    float* dst = grad32_.data();
+    if (grad_types_[i] == dtype::bf16) {
+      for (std::size_t k = 0; k < count; ++k) dst[k] = bfloat16::to_float(src[k]);
+    } else {
+      for (std::size_t k = 0; k < count; ++k) dst[k] = half::to_float(src[k]);
+    }
+    return {dst, count};
+  }
+  // Whether parameter i's gradient in its bucket is finite (any floating type).
+  bool finite_gradient(std::size_t i) {
+    std::uint32_t bad = 0;
+    const void* d = r_->gradient_data(i);
+    switch (grad_types_[i]) {
+      case dtype::f32:
+        for (float v : std::span<const float>(static_cast<const float*>(d), sizes_[i])) bad |= detail::not_finite(v);
+        break;
+      case dtype::bf16:  // exponent all ones: an infinity or a NaN
+        for (std::uint16_t v : std::span<const std::uint16_t>(static_cast<const std::uint16_t*>(d), sizes_[i]))
+          bad |= (v & 0x7f80u) == 0x7f80u;
+        break;
+      case dtype::f16:
+        for (std::uint16_t v : std::span<const std::uint16_t>(static_cast<const std::uint16_t*>(d), sizes_[i]))
+          bad |= (v & 0x7c00u) == 0x7c00u;
+        break;
+      default: break;
+    }
+    return bad == 0;
+  }
+  // The 16-bit parameters from their master weights (round to nearest even).
+  void round_parameters() {
+    if (!mixed_) return;
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      const auto& t = tensors_[i];
+      if (t.type == dtype::f32) continue;
+      const float* m = master_[i].data();
+      std::uint16_t* b = t.bits.data();
+      if (t.type == dtype::bf16) {
+        for (std::size_t k = 0; k < t.bits.size(); ++k) b[k] = bfloat16::from_float(m[k]);
+      } else {
+        for (std::size_t k = 0; k < t.bits.size(); ++k) b[k] = half::from_float(m[k]);
+      }
+    }
+  }
+  // The parameters' types, for a checkpoint: "f32,bf16,...".
+  std::string parameter_types() const {
+    std::string s;
+    for (const auto& t : tensors_) s += (s.empty() ? "" : ",") + std::string(name(t.type));
+    return s;
+  }
+  std::string precision_words() const {
+    if (!mixed_ && !scaling_) return {};
+    std::size_t bf = 0, f16 = 0;
+    for (const auto& t : tensors_) bf += t.type == dtype::bf16, f16 += t.type == dtype::f16;
+    std::string w = "mixed precision: ";
+    if (bf) w += std::to_string(bf) + " bf16 ";
+    if (bf && f16) w += "and ";
+    if (f16) w += std::to_string(f16) + " f16 ";
+    if (mixed_) w += "tensor(s) with f32 master weights, gradients in ";
+    w += o_.deterministic ? "fixed point (deterministic)" : o_.f32_gradients || !mixed_ ? "f32" : "their type";
+    if (scaling_) w += ", loss scaling from " + num(o_.loss_scale.initial, 0);
+    return w;
   }
 
   // Parameter i's bits hashed (device tensors are copied to the host first).
+  // (A 16-bit parameter: its master weights and its values.)
   std::uint64_t tensor_hash(std::size_t i, std::uint64_t seed) const {
     const auto& v = tensors_[i].value;
     if constexpr (on_device) {
@@ -778,7 +1105,9 @@ class trainer {
       r_->download(scratch_.data(), v.data(), v.size_bytes());
       return hash64(scratch_.data(), v.size_bytes(), seed);
     } else {
-      return hash64(v.data(), v.size_bytes(), seed);
+      if (tensors_[i].type != dtype::f32)
+        seed = hash64(master_[i].data(), master_[i].size() * sizeof(float), seed);
+      return hash64(tensors_[i].data(), tensors_[i].bytes(), seed);
     }
   }
 
@@ -792,6 +1121,9 @@ class trainer {
     if (o_.zero_stage) refuse("ZeRO stage 1 (trainer_options::zero_stage)");
     if (!o_.checkpoint_dir.empty() || o_.resume) refuse("checkpointing (trainer_options::checkpoint_dir / resume)");
     if (o_.reducer.find_unused_parameters) refuse("reducer_options::find_unused_parameters");
+    for (const auto& t : tensors_)
+      if (t.type != dtype::f32) refuse("mixed precision (parameter '" + t.name + "' is " + std::string(name(t.type)) + ")");
+    if (o_.loss_scale.use == trainer_options::loss_scaling::mode::on) refuse("loss scaling");
   }
 
   // Stops every rank: the gradient group, and the control group when it is another one.
@@ -805,7 +1137,8 @@ class trainer {
   }
 
   void broadcast_state() {
-    for (auto& t : tensors_) g_.broadcast(t.value.data(), t.value.data(), t.value.size(), dtype::f32, 0, options{});
+    for (auto& t : opt_tensors_) g_.broadcast(t.value.data(), t.value.data(), t.value.size(), dtype::f32, 0, options{});
+    round_parameters();
     auto& st = opt_.state();
     std::uint64_t steps = st.steps;
     c_.broadcast(&steps, &steps, 1, dtype::i64, 0, options{});
@@ -852,15 +1185,39 @@ class trainer {
       if (all[2 * static_cast<std::size_t>(r)] != all[0] || all[2 * static_cast<std::size_t>(r) + 1] != all[1])
         throw desync_error("rank " + std::to_string(r) + " loaded another checkpoint than rank 0 (" + what + ")",
                            site("ddp resume"));
-    if (ts.sampler.seed != o_.seed)
-      throw usage_error("checkpoint " + what + " was written with seed " + std::to_string(ts.sampler.seed) +
-                            ", this run has seed " + std::to_string(o_.seed) + " (the sample order would change)",
-                        site("ddp resume"));
-    for (auto& t : tensors_) {
+    if constexpr (streams) {  // the records' fingerprint (seed included) is compared in fit()
+      if (!c.has(records_key))
+        throw usage_error("checkpoint " + what + " holds no record position (written by a run over indexed samples, "
+                              "or before fit()); this model streams records",
+                          site("ddp resume"));
+      restored_records_ = c.get_string(records_key);
+      restored_what_ = what;
+    } else {
+      if (c.has(records_key))
+        throw usage_error("checkpoint " + what + " was written by a run over streamed records; this model takes "
+                              "sample indices",
+                          site("ddp resume"));
+      if (ts.sampler.seed != o_.seed)
+        throw usage_error("checkpoint " + what + " was written with seed " + std::to_string(ts.sampler.seed) +
+                              ", this run has seed " + std::to_string(o_.seed) + " (the sample order would change)",
+                          site("ddp resume"));
+    }
+    check_types(c, what);
+    for (auto& t : opt_tensors_) {
       const std::string key = trainer_state::parameter_key(t.name);
       if (!c.has(key))
         throw usage_error("checkpoint " + what + " has no parameter '" + t.name + "' (another model?)", site("ddp resume"));
       c.get_floats(key, t.value);
+    }
+    if (scaling_ && c.has(scaler_key)) {
+      const std::string v = c.get_string(scaler_key);
+      unsigned long long good = 0, skips = 0;
+      double sc = 0;
+      if (std::sscanf(v.c_str(), "%lf %llu %llu", &sc, &good, &skips) != 3 || !(sc > 0))
+        throw usage_error("checkpoint " + what + ": section '" + std::string(scaler_key) + "' is not a loss scaler's state ('" +
+                              kft::detail::excerpt(v) + "')",
+                          site("ddp resume"));
+      scale_ = sc, good_steps_ = good, skipped_ = skips;
     }
     auto& st = opt_.state();
     st.steps = ts.optimizer_steps;
@@ -885,8 +1242,39 @@ class trainer {
     epoch_ = restored_->epoch;
     resumed_step_ = step_;
     note("resumed from " + what + " (step " + std::to_string(step_) + ", epoch " + std::to_string(epoch_ + 1) +
-         ", sample " + std::to_string(restored_->cursor) + " of the epoch; written by " + std::to_string(ts.world_size) +
+         (streams ? ", record " : ", sample ") + std::to_string(restored_->cursor) + " of the epoch; written by " + std::to_string(ts.world_size) +
          " rank(s), resumed on " + std::to_string(g_.size()) + ")");
+  }
+
+  // A checkpoint's parameter types must be this model's: the values saved are f32 master weights
+  // (or f32 parameters) with their optimizer state, and a 16-bit model resumed from an f32 run
+  // (or the other way round) would continue another run's arithmetic. Checkpoints written before
+  // the section existed hold f32 parameters.
+  void check_types(const checkpoint_reader& c, const std::string& what) const {
+    std::vector<std::string> theirs;
+    if (c.has(types_key)) {
+      std::string v = c.get_string(types_key), cur;
+      for (char ch : v + ",") {
+        if (ch != ',') cur += ch;
+        else theirs.push_back(std::exchange(cur, {}));
+      }
+    } else {
+      theirs.assign(tensors_.size(), "f32");
+    }
+    if (theirs.size() != tensors_.size())
+      throw usage_error("checkpoint " + what + " holds " + std::to_string(theirs.size()) + " parameter types, this model has " +
+                            std::to_string(tensors_.size()) + " parameters (another model?)",
+                        site("ddp resume"));
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      const std::string mine(name(tensors_[i].type));
+      if (theirs[i] == mine) continue;
+      throw usage_error("checkpoint " + what + " holds parameter '" + tensors_[i].name + "' as " + theirs[i] +
+                            (c.has(types_key) ? "" : " (written before mixed precision, or by an f32 run)") +
+                            ", with its optimizer state; this model's '" + tensors_[i].name + "' is " + mine +
+                            (tensors_[i].type == dtype::f32 ? "" : " (f32 master weights)") +
+                            ": resume with the precision the checkpoint was written in",
+                        site("ddp resume"));
+    }
   }
 
   // ---- metrics and reporting ----
@@ -1002,19 +1390,23 @@ class trainer {
     r.global_batch = o_.global_batch;
     r.resumed_from = resumed_step_;
     r.metrics = &ms_;
+    r.precision = precision_words();
     return r;
   }
   void record_eval(fit_summary& sum, double train_seconds) {
     if constexpr (evaluable<M>) {
-      const stats t = evaluate(test_size_);
+      const stats t = [&] {
+        if constexpr (streams) return evaluate(*test_src_);
+        else return evaluate(test_size_);
+      }();
       eval_point p;
       p.step = step_;
       p.train_seconds = train_seconds;
       p.loss = t.mean_loss();
       p.metrics = reported(t);
       if (const std::size_t a = ms_.find("accuracy"); a < ms_.size()) p.accuracy = p.metrics[a];
-      p.epoch = static_cast<double>(sampler_->epoch()) +
-                static_cast<double>(sampler_->cursor()) / static_cast<double>(sampler_->epoch_length());
+      p.epoch = static_cast<double>(feed().epoch()) +
+                static_cast<double>(feed().cursor()) / static_cast<double>(feed().epoch_length());
       sum.evals.push_back(p);
       if (!target_.metric.empty() && !sum.seconds_to_target) {
         const double v = target_.metric == "loss" ? p.loss : p.metrics[ms_.find(target_.metric)];
@@ -1041,10 +1433,14 @@ class trainer {
   std::optional<reducer<Group, trainer_hook>> r_;
   std::vector<std::span<float>> views_;
   std::vector<std::vector<float>> local_, avg_;  // deterministic: one shard's gradients; the averaged ones
-  std::vector<std::vector<std::uint32_t>> micro_;  // the first micro_n_ are this step's
+  std::vector<batch_type> micro_;  // the first micro_n_ are this step's
   std::size_t micro_n_ = 0;
-  std::optional<distributed_sampler> sampler_;
+  std::optional<distributed_sampler> sampler_;  // an indexed model's
+  record_source* src_ = nullptr;                // a streaming model's training records (fit())
+  record_source* test_src_ = nullptr;           // ... and its test records
+  record_batch eval_records_;                   // this rank's share of an evaluation batch
   std::optional<sampler_state> restored_;
+  std::string restored_records_, restored_what_;  // a streaming resume: the records fingerprint, the checkpoint
   splitmix64 rng_;
   std::vector<std::uint64_t> hashes_, all_hashes_;
   std::uint64_t step_ = 0, epoch_ = 0, resumed_step_ = 0, test_size_ = 0, last_samples_ = 0;
@@ -1056,6 +1452,16 @@ class trainer {
   metric_set ms_;
   trainer_options::goal target_;
   std::optional<fixed_point> fixed_;     // deterministic mode's arithmetic
+  // Mixed precision: the optimizer's tensors (f32 parameters, and the f32 master weights of the
+  // 16-bit ones), each gradient's type, the 16-bit gradients widened for the optimizer.
+  std::vector<tensor_ref> opt_tensors_;
+  std::vector<std::vector<float>> master_;
+  std::vector<dtype> grad_types_;
+  std::vector<grad_view> typed_views_;
+  std::vector<float> grad32_;
+  bool mixed_ = false, typed_grads_ = false, scaling_ = false, check_overflow_ = false;
+  std::uint64_t overflow_ = 0, good_steps_ = 0, skipped_ = 0, skipped_in_row_ = 0;
+  double scale_ = 1.0;
   std::optional<console_report> console_;
   std::vector<observer*> observers_;     // console_ first, then trainer_options::observers
 };
