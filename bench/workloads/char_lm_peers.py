@@ -26,8 +26,14 @@ Two parts:
     1..N (sample order and initial weights), each seed's training time to the first
     evaluation at or below --target (evaluations excluded, as the trainer counts it) with that
     evaluation's fractional epoch beside it, the medians and their ratio.
-Prints Markdown tables of the measured numbers; nothing here passes or fails. bf16 is not
-run: kft has no mixed precision yet (`--precision bf16` says so).
+  - bf16 (--precisions f32 bf16, the default): kft's runs to the target again with
+    `--precision bf16` (weights and embeddings in bf16 with f32 master weights in the trainer,
+    bf16 gradient buckets: half the bytes; the model computes in f32 on the bf16 values, as
+    Debian's OpenBLAS has no bf16 GEMM). PyTorch 1.13 has no bf16 peer here: its gloo backend
+    refuses a bf16 allreduce (RuntimeError: Invalid scalar type), so DDP cannot reduce bf16
+    gradients on CPU (bf16_compress_hook's allreduce fails the same way), and autocast would leave OpenBLAS for
+    ATen's own bf16 matmul; the table says so instead of timing another BLAS.
+Prints Markdown tables of the measured numbers; nothing here passes or fails.
 """
 import argparse
 import json
@@ -85,6 +91,8 @@ def main():
     ap.add_argument("--pair-steps", type=int, default=30, help="steps of each throughput run")
     ap.add_argument("--target", type=float, default=2.7, help="validation loss (nats per character)")
     ap.add_argument("--max-steps", type=int, default=225, help="steps of each time-to-target run")
+    ap.add_argument("--precisions", nargs="+", default=["f32", "bf16"], choices=["f32", "bf16"],
+                    help="kft's precisions in the time-to-target runs (PyTorch: f32)")
     a = ap.parse_args()
     if a.repeats < 1 or a.seeds < 0 or a.pair_steps < 1:
         sys.exit(f"char_lm_peers: --repeats and --pair-steps must be >= 1, --seeds >= 0 "
@@ -109,21 +117,23 @@ def main():
 
     # Time to target: 2 ranks, seeds 1..N, kft and PyTorch interleaved (each seed's pair shares the machine's phase).
     run = ["--max-steps", str(a.max_steps), "--eval-every", "25", "--eval-windows", "128", "--target", str(a.target)]
-    seeded = {"kft": [], "PyTorch": []}
+    seeded = {("kft", p): [] for p in a.precisions}
+    seeded[("PyTorch", "f32")] = []
     for seed in range(1, a.seeds + 1):
-        seeded["kft"].append(kft(a.build, 2, run + ["--seed", str(seed)]))
-        seeded["PyTorch"].append(torch(2, run + ["--seed", str(seed)]))
+        for p in a.precisions:
+            seeded[("kft", p)].append(kft(a.build, 2, run + ["--seed", str(seed), "--precision", p]))
+        seeded[("PyTorch", "f32")].append(torch(2, run + ["--seed", str(seed)]))
     load1 = os.getloadavg()
 
     def med(v):
         return statistics.median(v) if v else None
 
     print(f"# char GPT 4 x 256 (8 heads, ctx 128; 3.25 M parameters, 13 MB of f32 gradients) on Debian's fortunes, "
-          f"batch 8 windows/rank, AdamW lr 2e-3 (warm-up 50) betas (0.9, 0.95) wd 0.01, f32; "
+          f"batch 8 windows/rank, AdamW lr 2e-3 (warm-up 50) betas (0.9, 0.95) wd 0.01; "
           f"{kftbench.cpu_description()}, {os.cpu_count()} CPUs")
     print(f"# 1 BLAS thread per rank on both sides; PyTorch {info['torch']} loaded: {info['blas']}; kft: OpenBLAS "
           f"(example 09 links libopenblas.so.0); load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end")
-    print("# bf16: not run (kft has no mixed precision yet)")
+    print("# throughput: f32; bf16: kft only (PyTorch 1.13's gloo refuses bf16 allreduce: no bf16 DDP on CPU)")
     print()
     print(f"Throughput ({a.pair_steps} steps per run, medians of {a.repeats} pair(s); weak scaling: 2-rank windows/s over "
           f"2 x the 1-rank run's just before it):")
@@ -144,30 +154,36 @@ def main():
               f"(epoch of the crossing evaluation; the run's seconds per step); a run that never reached it counts as "
               f"slower than any that did):")
         print()
-        print("| run | " + " | ".join(f"seed {i}" for i in range(1, a.seeds + 1)) +
+        print("| run | precision | " + " | ".join(f"seed {i}" for i in range(1, a.seeds + 1)) +
               " | median (s) | s/step | exposed comm per step | final loss |")
-        print("| --- | " + " | ".join("---:" for _ in range(a.seeds)) + " | ---: | ---: | ---: | ---: |")
-        for name, runs in seeded.items():
+        print("| --- | --- | " + " | ".join("---:" for _ in range(a.seeds)) + " | ---: | ---: | ---: | ---: |")
+        for (name, p), runs in seeded.items():
             cells = [("not reached" if r["seconds_to_target"] is None else
                       f"{r['seconds_to_target']:.1f} ({r['epoch_to_target']:.3f}; {r['seconds_per_step']:.3f})")
                      for r in runs]
             sps = med([r["seconds_per_step"] for r in runs])
             exp = med([r["exposed_per_step"] for r in runs if r["exposed_per_step"] is not None])
-            print(f"| {'kft (kftrun, shm)' if name == 'kft' else 'PyTorch DDP (gloo, torchrun)'} | " + " | ".join(cells) +
+            print(f"| {'kft (kftrun, shm)' if name == 'kft' else 'PyTorch DDP (gloo, torchrun)'} | {p} | " +
+                  " | ".join(cells) +
                   f" | {cell(median_to_target(runs), '{:.1f}')} | {sps:.3f} | "
                   f"{'-' if exp is None else f'{1000 * exp:.1f} ms'} | {med([r['final_loss'] for r in runs]):.4f} |")
         print()
-        k, t = median_to_target(seeded["kft"]), median_to_target(seeded["PyTorch"])
-        if k and t:
-            sk = med([r["seconds_per_step"] for r in seeded["kft"]])
-            st = med([r["seconds_per_step"] for r in seeded["PyTorch"]])
-            each = ", ".join("-" if None in (x["seconds_to_target"], y["seconds_to_target"]) else
-                             f"{x['seconds_to_target'] / y['seconds_to_target']:.2f}"
-                             for x, y in zip(seeded["kft"], seeded["PyTorch"]))
-            print(f"median over seeds, kft 2 ranks time to loss <= {a.target} / PyTorch DDP: {k / t:.2f} (issue 45's "
-                  f"target <= 0.5); seed by seed: {each}; seconds per step (medians): {sk / st:.2f}")
-        else:
-            print(f"a seeded run did not reach {a.target}: no median ratio")
+        theirs = seeded[("PyTorch", "f32")]
+        t = median_to_target(theirs)
+        for p in a.precisions:
+            mine = seeded[("kft", p)]
+            k = median_to_target(mine)
+            if k and t:
+                sk = med([r["seconds_per_step"] for r in mine])
+                st = med([r["seconds_per_step"] for r in theirs])
+                each = ", ".join("-" if None in (x["seconds_to_target"], y["seconds_to_target"]) else
+                                 f"{x['seconds_to_target'] / y['seconds_to_target']:.2f}" for x, y in zip(mine, theirs))
+                print(f"median over seeds, kft {p} 2 ranks time to loss <= {a.target} / PyTorch DDP f32: {k / t:.2f} "
+                      f"(issue 45's target <= 0.5); seed by seed: {each}; seconds per step (medians): {sk / st:.2f}")
+                print()
+            else:
+                print(f"a seeded run ({p}) did not reach {a.target}: no median ratio")
+                print()
     for h in kftbench.hangs:
         print(f"note: a run hung (no progress within the limit) and was repeated: {h}")
 

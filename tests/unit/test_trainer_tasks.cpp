@@ -207,9 +207,9 @@ BOOST_AUTO_TEST_CASE(a_regression_reports_its_metrics_reduced_over_the_ranks) {
 
 BOOST_AUTO_TEST_CASE(targets_on_the_loss_and_on_a_metric_are_timed) {
   // (Boost.Test's checks are not thread-safe: the ranks record, the test thread checks.)
-  std::vector<ddp::fit_summary> got(3);
+  std::vector<ddp::fit_summary> got(4);
   auto errors = with_ranks(2, [&](kft::group::process_group& g) {
-    for (int kind = 0; kind < 3; ++kind) {
+    for (int kind = 0; kind < 4; ++kind) {
       regression m;
       ddp::sgd opt({.lr = 0.1f});
       ddp::trainer_options o;
@@ -220,6 +220,10 @@ BOOST_AUTO_TEST_CASE(targets_on_the_loss_and_on_a_metric_are_timed) {
       if (kind == 0) o.target = {"loss", 0.05, true};
       if (kind == 1) o.target = {"abs_error", 0.2, true};
       if (kind == 2) o.target = {"loss", -1.0, true};  // never reached
+      if (kind == 3) {                                  // kind 0, ended at the target
+        o.target = {"loss", 0.05, true};
+        o.stop_at_target = true;
+      }
       ddp::trainer t(g, m, opt, o);
       auto s = t.fit(200, 50);
       if (g.rank() == 0) got[static_cast<std::size_t>(kind)] = std::move(s);
@@ -243,6 +247,16 @@ BOOST_AUTO_TEST_CASE(targets_on_the_loss_and_on_a_metric_are_timed) {
     BOOST_TEST(s.target == (kind == 0 ? "loss <= 0.05" : "abs_error <= 0.2"));
   }
   BOOST_TEST(!got[2].seconds_to_target.has_value());
+  // stop_at_target: the run ends at kind 0's crossing evaluation, on every rank (no hang).
+  const auto& full = got[0];
+  const auto& stopped = got[3];
+  BOOST_TEST(stopped.stopped_at_target);
+  BOOST_TEST(!full.stopped_at_target);
+  BOOST_TEST_REQUIRE(!stopped.evals.empty());
+  BOOST_TEST(stopped.steps == stopped.evals.back().step);
+  BOOST_TEST(stopped.steps < full.steps);
+  BOOST_TEST(stopped.evals.size() < full.evals.size());
+  BOOST_TEST(stopped.evals.back().loss == full.evals[stopped.evals.size() - 1].loss);  // the same run until then
   BOOST_TEST(got[2].target == "loss <= -1");
 }
 

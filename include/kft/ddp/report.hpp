@@ -88,6 +88,7 @@ struct fit_summary {
   std::string target;                 ///< the target, in words ("" : none)
   std::optional<double> seconds_to_target;  ///< training time when the target was first reached
   std::optional<double> epoch_to_target;    ///< the fractional epoch of that evaluation
+  bool stopped_at_target = false;           ///< trainer_options::stop_at_target ended the run there
   double samples_per_s = 0.0;
   double weak_scaling_efficiency = 0.0;     ///< vs trainer_options::baseline_samples_per_s x ranks (0: not asked)
   std::vector<eval_point> evals;
@@ -241,6 +242,7 @@ class console_report : public observer {
       line += s.seconds_to_target ? ", time to " + s.target + ": " + num(*s.seconds_to_target, 2) + " s (epoch " +
                                         num(*s.epoch_to_target, 2) + ")"
                                   : ", target " + s.target + " not reached";
+    if (s.stopped_at_target) line += ", stopped there";
     if (s.weak_scaling_efficiency > 0) line += ", weak-scaling efficiency vs 1 rank " + num(100.0 * s.weak_scaling_efficiency, 0) + "%";
     std::fprintf(stdout, "%s\n", line.c_str());
     std::fflush(stdout);

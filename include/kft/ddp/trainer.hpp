@@ -68,6 +68,7 @@
 #include <kft/ddp/fixed_point.hpp>
 #include <kft/ddp/model.hpp>
 #include <kft/ddp/optim.hpp>
+#include <kft/ddp/precision.hpp>
 #include <kft/ddp/records.hpp>
 #include <kft/ddp/reducer.hpp>
 #include <kft/ddp/report.hpp>
@@ -140,6 +141,7 @@ struct trainer_options {
     bool at_most = false;
   } target;
   double target_accuracy = 0.0;          ///< shorthand for target {"accuracy", value}
+  bool stop_at_target = false;           ///< end fit() at the first evaluation that reaches the target
   reducer_options reducer{};
   /// ZeRO stage 1 (0: off): the optimizer state is sharded across the ranks. Gradients are
   /// reduce-scattered, each rank updates its slice of every bucket (parameters and optimizer
@@ -151,17 +153,11 @@ struct trainer_options {
   /// Mixed precision (bf16 / f16 parameters, tensor_ref::bf16 and ::f16; file comment): their
   /// gradients travel in f32 buckets instead of the parameter's own type.
   bool f32_gradients = false;
-  /// Loss scaling (as torch.amp's GradScaler): the gradients are stored x scale, an overflow
-  /// (a non-finite gradient on any rank) skips the step on every rank and multiplies the scale
-  /// by `backoff`; `interval` steps in a row without one multiply it by `growth`.
-  struct loss_scaling {
-    enum class mode { automatic, on, off };
-    mode use = mode::automatic;  ///< automatic: on when some gradient travels in f16
-    double initial = 65536.0;
-    double growth = 2.0;
-    double backoff = 0.5;
-    std::uint64_t interval = 2000;
-  } loss_scale;
+  /// Loss scaling (precision.hpp, as torch.amp's GradScaler): the gradients are stored x scale,
+  /// an overflow (a non-finite gradient on any rank) skips the step on every rank and multiplies
+  /// the scale by `backoff`; `interval` steps in a row without one multiply it by `growth`.
+  using loss_scaling = ddp::loss_scaling;
+  loss_scaling loss_scale;
   // Reporting (rank 0).
   bool quiet = false;
   std::string log_json;                  ///< JSON-lines log file ("" = none)
@@ -244,7 +240,7 @@ class trainer {
     counts_type_ = o_.zero_stage ? dtype::f64 : o_.deterministic ? dtype::i64 : dtype::f32;
     sizes_.reserve(tensors_.size());
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      ps.push_back({tensors_[i].size(), grad_types_[i], tensors_[i].name});
+      ps.push_back({tensors_[i].size(), mw_.gradient_type(i), tensors_[i].name});
       sizes_.push_back(tensors_[i].size());
     }
     reducer_options ro = o_.reducer;
@@ -264,13 +260,7 @@ class trainer {
       ro.find_unused_parameters = false;
     }
     r_.emplace(g_, std::move(ps), ro, trainer_hook{o_.zero_stage == 1});
-    if (mixed_) {
-      typed_views_.resize(tensors_.size());
-      std::size_t largest = 0;
-      for (std::size_t i = 0; i < tensors_.size(); ++i)
-        if (grad_types_[i] == dtype::bf16 || grad_types_[i] == dtype::f16) largest = std::max(largest, sizes_[i]);
-      grad32_.assign(largest, 0.0f);
-    }
+    if (typed_grads_) typed_views_.resize(tensors_.size());
     if (o_.zero_stage) {
       zero_.emplace(opt_);
       zero_->bind(*r_, g_.rank(), g_.size());
@@ -482,6 +472,7 @@ class trainer {
         }
         if (o_.checkpoint_every && step_ % o_.checkpoint_every == 0) save_checkpoint();
         if (o_.max_steps && step_ >= o_.max_steps) stop = true;
+        if (o_.stop_at_target && sum.seconds_to_target) stop = sum.stopped_at_target = true;  // (the same on every rank)
       }
       // The epoch's training statistics over every rank.
       reduce(es);
@@ -490,6 +481,7 @@ class trainer {
         const auto t0 = clk::now();
         record_eval(sum, seconds(t_start, t0) - eval_total_);
         eval_total_ += seconds(t0, clk::now());
+        if (o_.stop_at_target && sum.seconds_to_target) stop = sum.stopped_at_target = true;
       }
       const bool epoch_done = !data.next(o_.global_batch);
       if (!o_.checkpoint_dir.empty() && !o_.checkpoint_every && epoch_done) save_checkpoint(epoch_done);
@@ -524,8 +516,8 @@ class trainer {
     sum.parameters_hash = parameters_hash();
     sum.optimizer_state_bytes = optimizer_state_bytes();
     sum.zero_stage = o_.zero_stage;
-    sum.skipped_steps = skipped_;
-    sum.loss_scale = scaling_ ? scale_ : 0.0;
+    sum.skipped_steps = scaler_.skipped();
+    sum.loss_scale = scaler_.on() ? scaler_.scale() : 0.0;
     tell([&](observer& x) { x.on_summary(sum); });
     // KFT_TIMELINE: written now (a job that dies later still leaves this fit's trace); a failure
     // to write is said, not thrown: the training itself is done.
@@ -599,9 +591,9 @@ class trainer {
       if (src_) w.put_string(records_key, src_->fingerprint().encode());
     // Mixed precision: the parameters' types (the values saved are the f32 master weights) and
     // the loss scaler's state.
-    w.put_string(types_key, parameter_types());
-    if (scaling_) w.put_string(scaler_key, num(scale_, 17) + " " + std::to_string(good_steps_) + " " + std::to_string(skipped_));
-    for (const auto& t : opt_tensors_) w.put_floats(trainer_state::parameter_key(t.name), t.value);
+    w.put_string(types_key, mw_.types());
+    if (scaler_.on()) w.put_string(scaler_key, scaler_.save());
+    for (const auto& t : mw_.optimizer_tensors()) w.put_floats(trainer_state::parameter_key(t.name), t.value);
     for (std::size_t b = 0; b < st.names.size(); ++b)
       for (std::size_t i = 0; i < tensors_.size(); ++i)
         w.put_floats(trainer_state::optimizer_key(st.names[b], tensors_[i].name), zero_ ? whole[b][i] : st.buffers[b][i]);
@@ -740,7 +732,7 @@ class trainer {
         const bool last = m + 1 == k;
         std::optional<typename reducer<Group, trainer_hook>::sync_guard> quiet;
         if (!last) (void)quiet.emplace(r.no_sync());  // (void): nvcc flags the discarded nodiscard reference
-        check_overflow_ = scaling_ && last;
+        check_overflow_ = scaler_.on() && last;
         if (rows_of(micro_[m]) == 0) {  // all padding (streamed records): no contribution
           if (contributed == 0) r.zero_grad();  // (else: the earlier micro-batches' sum stays)
           if (last) {
@@ -753,9 +745,9 @@ class trainer {
         }
         auto gs = typed_grads_ ? [&] {
           for (std::size_t i = 0; i < tensors_.size(); ++i)
-            typed_views_[i] = {r.gradient_data(i), sizes_[i], grad_types_[i]};
+            typed_views_[i] = {r.gradient_data(i), sizes_[i], mw_.gradient_type(i)};
           return gradients(std::span<const grad_view>(typed_views_), contributed > 0, &on_ready, this,
-                           static_cast<float>(scale_));
+                           static_cast<float>(scaler_.scale()));
         }()
                                : [&] {
                                    for (std::size_t i = 0; i < tensors_.size(); ++i)
@@ -841,34 +833,18 @@ class trainer {
             static_cast<std::uint64_t>(std::llround(c[2] * n))};
   }
 
-  // Loss scaling: `ranks` ranks saw a non-finite gradient this step. Every rank gets the same
-  // count, so every rank makes the same decision: skip the step and back the scale off, or
-  // count a good step (and grow the scale after `interval` of them). True: skip.
+  // Loss scaling: `ranks` ranks saw a non-finite gradient this step; every rank gets the same
+  // count and makes the same decision. True: skip the step.
   bool overflowed(std::uint64_t ranks) {
-    if (!scaling_) return false;
-    const auto& ls = o_.loss_scale;
-    if (ranks == 0) {
-      skipped_in_row_ = 0;
-      if (++good_steps_ >= ls.interval) {
-        scale_ *= ls.growth;
-        good_steps_ = 0;
-      }
-      return false;
-    }
-    ++skipped_;
-    good_steps_ = 0;
-    scale_ *= ls.backoff;
-    if (++skipped_in_row_ >= max_skipped_in_row) {
-      const std::string first = first_bad_gradient();
-      throw numerics_error(std::to_string(skipped_in_row_) + " steps in a row skipped for non-finite gradients on " +
-                               std::to_string(ranks) + " rank(s) (loss scale now " + num(scale_, 9) +
-                               "): they are not finite at any scale (layer 1: the model's numbers)" +
-                               (first.empty() ? std::string() : "; here the first is '" + first + "'"),
-                           site("ddp step", step_ + 1));
-    }
-    return true;
+    const auto v = scaler_.update(ranks);
+    if (v != loss_scaler::verdict::give_up) return v == loss_scaler::verdict::skip;
+    const std::string first = first_bad_gradient();
+    throw numerics_error(std::to_string(scaler_.skipped_in_row()) + " steps in a row skipped for non-finite gradients on " +
+                             std::to_string(ranks) + " rank(s) (loss scale now " + num(scaler_.scale(), 9) +
+                             "): they are not finite at any scale (layer 1: the model's numbers)" +
+                             (first.empty() ? std::string() : "; here the first is '" + first + "'"),
+                         site("ddp step", step_ + 1));
   }
-  static constexpr std::uint64_t max_skipped_in_row = 64;
 
   void timed_finish() {
     auto span = traced("finish");
@@ -922,7 +898,7 @@ class trainer {
     if (o_.deterministic) {
       for (std::size_t i = 0; i < tensors_.size(); ++i) {
         fixed_->mean(r_->template gradient<std::int64_t>(i), avg_[i], contributions);
-        if (!opt_.step(i, opt_tensors_[i].value, avg_[i], 1.0f) && bad == tensors_.size()) bad = i;
+        if (!opt_.step(i, mw_.optimizer_tensors()[i].value, avg_[i], 1.0f) && bad == tensors_.size()) bad = i;
       }
     } else {
       // The buckets hold sum / N of the ranks' micro-batch means (x the loss scale): x N /
@@ -930,11 +906,11 @@ class trainer {
       const float scale = gradient_scale(contributions);
       for (std::size_t i = 0; i < tensors_.size(); ++i) {
         const std::span<const float> gr =
-            grad_types_[i] == dtype::f32 ? std::span<const float>(r_->template gradient<float>(i)) : widened_gradient(i, 0, sizes_[i]);
-        if (!opt_.step(i, opt_tensors_[i].value, gr, scale) && bad == tensors_.size()) bad = i;
+            mw_.gradient_type(i) == dtype::f32 ? std::span<const float>(r_->template gradient<float>(i)) : widened_gradient(i, 0, sizes_[i]);
+        if (!opt_.step(i, mw_.optimizer_tensors()[i].value, gr, scale) && bad == tensors_.size()) bad = i;
       }
     }
-    round_parameters();
+    mw_.round();
     if constexpr (requires { opt_.end_step(); }) {  // a device optimizer: its kernels' verdict (waits for them)
       const std::size_t first = opt_.end_step();
       if (first < bad) bad = first;
@@ -955,9 +931,9 @@ class trainer {
     const float scale = gradient_scale(contributions);
     const auto& pieces = zero_->pieces();
     const std::size_t bad = zero_->step(
-        opt_tensors_,
+        mw_.optimizer_tensors(),
         [&](const typename zero1<O>::piece& pc) -> std::span<const float> {
-          if (!o_.deterministic && grad_types_[pc.param] != dtype::f32) return widened_gradient(pc.param, pc.offset, pc.count);
+          if (!o_.deterministic && mw_.gradient_type(pc.param) != dtype::f32) return widened_gradient(pc.param, pc.offset, pc.count);
           if (!o_.deterministic) return r_->template gradient<float>(pc.param).subspan(pc.offset, pc.count);
           auto a = std::span<float>(avg_[pc.param]).subspan(pc.offset, pc.count);
           fixed_->mean(r_->template gradient<std::int64_t>(pc.param).subspan(pc.offset, pc.count), a, contributions);
@@ -975,125 +951,38 @@ class trainer {
       abort_all(why);
       throw numerics_error(why, site("ddp step", step_ + 1));
     }
-    zero_->gather_parameters(g_, opt_tensors_);
-    round_parameters();
+    zero_->gather_parameters(g_, mw_.optimizer_tensors());
+    mw_.round();
   }
 
-  // ---- mixed precision ----
-  // Each parameter's type and its gradient's, the f32 master weights the optimizer updates (an
-  // f32 parameter is its own), loss scaling: checked before anything collective.
+  // ---- mixed precision (precision.hpp) ----
+  // The parameters' and gradients' types, the master weights, loss scaling: checked before
+  // anything collective.
   void set_up_precision() {
-    const std::size_t n = tensors_.size();
-    grad_types_.resize(n);
-    master_.resize(n);
-    opt_tensors_ = tensors_;
-    bool any_f16 = false, low_grads = false;
-    for (std::size_t i = 0; i < n; ++i) {
-      const auto& t = tensors_[i];
-      const bool f32 = t.type == dtype::f32, low = t.type == dtype::bf16 || t.type == dtype::f16;
-      if (!f32 && !low)
-        throw usage_error("trainer: parameter '" + t.name + "' is " + std::string(name(t.type)) + " (f32, bf16 or f16)",
-                          site("ddp trainer"));
-      if ((f32 && !t.bits.empty()) || (low && !t.value.empty()))
-        throw usage_error("trainer: parameter '" + t.name + "' is " + std::string(name(t.type)) + " but has " +
-                              (f32 ? "16-bit values (tensor_ref::bits)" : "f32 values (tensor_ref::value)") +
-                              " (use tensor_ref::bf16 / ::f16 for a 16-bit parameter)",
-                          site("ddp trainer"));
-      if (low) {
-        mixed_ = true;
-        master_[i].resize(t.bits.size());
-        for (std::size_t k = 0; k < t.bits.size(); ++k)
-          master_[i][k] = t.type == dtype::bf16 ? bfloat16::to_float(t.bits[k]) : half::to_float(t.bits[k]);
-        opt_tensors_[i] = tensor_ref{t.name, std::span<float>(master_[i])};
-      }
-      grad_types_[i] = o_.deterministic ? dtype::i64 : (f32 || o_.f32_gradients) ? dtype::f32 : t.type;
-      any_f16 |= grad_types_[i] == dtype::f16;
-      low_grads |= grad_types_[i] == dtype::bf16 || grad_types_[i] == dtype::f16;
+    try {
+      mw_ = master_weights(tensors_, o_.f32_gradients, o_.deterministic);
+      using mode = loss_scaling::mode;
+      const bool on = o_.loss_scale.use == mode::on || (o_.loss_scale.use == mode::automatic && mw_.f16_gradients());
+      if (on && o_.deterministic)
+        throw usage_error("trainer: loss scaling (loss_scale.use = on) in deterministic mode, whose gradients are f32 "
+                          "turned into fixed point: nothing to scale (set loss_scale.use = off)");
+      scaler_ = loss_scaler(o_.loss_scale, on);
+    } catch (const usage_error& e) {
+      throw usage_error(e.detail(), site("ddp trainer"));
     }
-    using mode = trainer_options::loss_scaling::mode;
-    const auto& ls = o_.loss_scale;
-    scaling_ = ls.use == mode::on || (ls.use == mode::automatic && any_f16);
-    if (scaling_ && o_.deterministic)
-      throw usage_error("trainer: loss scaling (loss_scale.use = on) in deterministic mode, whose gradients are f32 "
-                            "turned into fixed point: nothing to scale (set loss_scale.use = off)",
-                        site("ddp trainer"));
-    if (!(std::isfinite(ls.initial) && ls.initial > 0) || !(std::isfinite(ls.growth) && ls.growth >= 1.0) ||
-        !(ls.backoff > 0.0 && ls.backoff < 1.0) || ls.interval == 0)
-      throw usage_error("trainer: loss_scale = {initial " + num(ls.initial, 6) + ", growth " + num(ls.growth, 6) +
-                            ", backoff " + num(ls.backoff, 6) + ", interval " + std::to_string(ls.interval) +
-                            "} (initial > 0, growth >= 1, 0 < backoff < 1, interval >= 1)",
-                        site("ddp trainer"));
-    scale_ = scaling_ ? ls.initial : 1.0;
-    typed_grads_ = low_grads || scaling_;
+    typed_grads_ = mw_.sixteen_bit_gradients() || scaler_.on();
   }
   // x N / contributions (the buckets average the ranks' means), / the loss scale.
   float gradient_scale(std::uint64_t contributions) const {
-    return static_cast<float>(static_cast<double>(g_.size()) / static_cast<double>(contributions) / scale_);
+    return static_cast<float>(static_cast<double>(g_.size()) / static_cast<double>(contributions) / scaler_.scale());
   }
-  // Elements [offset, offset + count) of parameter i's bf16 or f16 gradient, widened to f32.
-  std::span<const float> widened_gradient(std::size_t i, std::size_t offset, std::size_t count) {
-    const auto* src = static_cast<const std::uint16_t*>(r_->gradient_data(i)) + offset;
-    float* dst = grad32_.data();
-    if (grad_types_[i] == dtype::bf16) {
-      for (std::size_t k = 0; k < count; ++k) dst[k] = bfloat16::to_float(src[k]);
-    } else {
-      for (std::size_t k = 0; k < count; ++k) dst[k] = half::to_float(src[k]);
-    }
-    return {dst, count};
-  }
-  // Whether parameter i's gradient in its bucket is finite (any floating type).
+  // Whether parameter i's gradient in its bucket is finite.
   bool finite_gradient(std::size_t i) {
-    std::uint32_t bad = 0;
-    const void* d = r_->gradient_data(i);
-    switch (grad_types_[i]) {
-      case dtype::f32:
-        for (float v : std::span<const float>(static_cast<const float*>(d), sizes_[i])) bad |= detail::not_finite(v);
-        break;
-      case dtype::bf16:  // exponent all ones: an infinity or a NaN
-        for (std::uint16_t v : std::span<const std::uint16_t>(static_cast<const std::uint16_t*>(d), sizes_[i]))
-          bad |= (v & 0x7f80u) == 0x7f80u;
-        break;
-      case dtype::f16:
-        for (std::uint16_t v : std::span<const std::uint16_t>(static_cast<const std::uint16_t*>(d), sizes_[i]))
-          bad |= (v & 0x7c00u) == 0x7c00u;
-        break;
-      default: break;
-    }
-    return bad == 0;
+    return master_weights::finite(r_->gradient_data(i), mw_.gradient_type(i), sizes_[i]);
   }
-  // The 16-bit parameters from their master weights (round to nearest even).
-  void round_parameters() {
-    if (!mixed_) return;
-    for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      const auto& t = tensors_[i];
-      if (t.type == dtype::f32) continue;
-      const float* m = master_[i].data();
-      std::uint16_t* b = t.bits.data();
-      if (t.type == dtype::bf16) {
-        for (std::size_t k = 0; k < t.bits.size(); ++k) b[k] = bfloat16::from_float(m[k]);
-      } else {
-        for (std::size_t k = 0; k < t.bits.size(); ++k) b[k] = half::from_float(m[k]);
-      }
-    }
-  }
-  // The parameters' types, for a checkpoint: "f32,bf16,...".
-  std::string parameter_types() const {
-    std::string s;
-    for (const auto& t : tensors_) s += (s.empty() ? "" : ",") + std::string(name(t.type));
-    return s;
-  }
-  std::string precision_words() const {
-    if (!mixed_ && !scaling_) return {};
-    std::size_t bf = 0, f16 = 0;
-    for (const auto& t : tensors_) bf += t.type == dtype::bf16, f16 += t.type == dtype::f16;
-    std::string w = "mixed precision: ";
-    if (bf) w += std::to_string(bf) + " bf16 ";
-    if (bf && f16) w += "and ";
-    if (f16) w += std::to_string(f16) + " f16 ";
-    if (mixed_) w += "tensor(s) with f32 master weights, gradients in ";
-    w += o_.deterministic ? "fixed point (deterministic)" : o_.f32_gradients || !mixed_ ? "f32" : "their type";
-    if (scaling_) w += ", loss scaling from " + num(o_.loss_scale.initial, 0);
-    return w;
+  // Elements [offset, offset + count) of parameter i's 16-bit gradient, widened to f32.
+  std::span<const float> widened_gradient(std::size_t i, std::size_t offset, std::size_t count) {
+    return mw_.widened_gradient(i, r_->gradient_data(i), offset, count);
   }
 
   // Parameter i's bits hashed (device tensors are copied to the host first).
@@ -1105,8 +994,7 @@ class trainer {
       r_->download(scratch_.data(), v.data(), v.size_bytes());
       return hash64(scratch_.data(), v.size_bytes(), seed);
     } else {
-      if (tensors_[i].type != dtype::f32)
-        seed = hash64(master_[i].data(), master_[i].size() * sizeof(float), seed);
+      if (tensors_[i].type != dtype::f32) seed = hash64(mw_.master(i).data(), mw_.master(i).size_bytes(), seed);
       return hash64(tensors_[i].data(), tensors_[i].bytes(), seed);
     }
   }
@@ -1137,8 +1025,9 @@ class trainer {
   }
 
   void broadcast_state() {
-    for (auto& t : opt_tensors_) g_.broadcast(t.value.data(), t.value.data(), t.value.size(), dtype::f32, 0, options{});
-    round_parameters();
+    for (const auto& t : mw_.optimizer_tensors())
+      g_.broadcast(t.value.data(), t.value.data(), t.value.size(), dtype::f32, 0, options{});
+    mw_.round();
     auto& st = opt_.state();
     std::uint64_t steps = st.steps;
     c_.broadcast(&steps, &steps, 1, dtype::i64, 0, options{});
@@ -1202,22 +1091,24 @@ class trainer {
                               ", this run has seed " + std::to_string(o_.seed) + " (the sample order would change)",
                           site("ddp resume"));
     }
-    check_types(c, what);
-    for (auto& t : opt_tensors_) {
+    try {
+      const std::string saved = c.has(types_key) ? c.get_string(types_key) : std::string();
+      mw_.check_types(c.has(types_key) ? &saved : nullptr, what);
+    } catch (const usage_error& e) {
+      throw usage_error(e.detail(), site("ddp resume"));
+    }
+    for (const auto& t : mw_.optimizer_tensors()) {
       const std::string key = trainer_state::parameter_key(t.name);
       if (!c.has(key))
         throw usage_error("checkpoint " + what + " has no parameter '" + t.name + "' (another model?)", site("ddp resume"));
       c.get_floats(key, t.value);
     }
-    if (scaling_ && c.has(scaler_key)) {
-      const std::string v = c.get_string(scaler_key);
-      unsigned long long good = 0, skips = 0;
-      double sc = 0;
-      if (std::sscanf(v.c_str(), "%lf %llu %llu", &sc, &good, &skips) != 3 || !(sc > 0))
-        throw usage_error("checkpoint " + what + ": section '" + std::string(scaler_key) + "' is not a loss scaler's state ('" +
-                              kft::detail::excerpt(v) + "')",
-                          site("ddp resume"));
-      scale_ = sc, good_steps_ = good, skipped_ = skips;
+    if (scaler_.on() && c.has(scaler_key)) {
+      try {
+        scaler_.load(c.get_string(scaler_key), what);
+      } catch (const usage_error& e) {
+        throw usage_error(e.detail(), site("ddp resume"));
+      }
     }
     auto& st = opt_.state();
     st.steps = ts.optimizer_steps;
@@ -1244,37 +1135,6 @@ class trainer {
     note("resumed from " + what + " (step " + std::to_string(step_) + ", epoch " + std::to_string(epoch_ + 1) +
          (streams ? ", record " : ", sample ") + std::to_string(restored_->cursor) + " of the epoch; written by " + std::to_string(ts.world_size) +
          " rank(s), resumed on " + std::to_string(g_.size()) + ")");
-  }
-
-  // A checkpoint's parameter types must be this model's: the values saved are f32 master weights
-  // (or f32 parameters) with their optimizer state, and a 16-bit model resumed from an f32 run
-  // (or the other way round) would continue another run's arithmetic. Checkpoints written before
-  // the section existed hold f32 parameters.
-  void check_types(const checkpoint_reader& c, const std::string& what) const {
-    std::vector<std::string> theirs;
-    if (c.has(types_key)) {
-      std::string v = c.get_string(types_key), cur;
-      for (char ch : v + ",") {
-        if (ch != ',') cur += ch;
-        else theirs.push_back(std::exchange(cur, {}));
-      }
-    } else {
-      theirs.assign(tensors_.size(), "f32");
-    }
-    if (theirs.size() != tensors_.size())
-      throw usage_error("checkpoint " + what + " holds " + std::to_string(theirs.size()) + " parameter types, this model has " +
-                            std::to_string(tensors_.size()) + " parameters (another model?)",
-                        site("ddp resume"));
-    for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      const std::string mine(name(tensors_[i].type));
-      if (theirs[i] == mine) continue;
-      throw usage_error("checkpoint " + what + " holds parameter '" + tensors_[i].name + "' as " + theirs[i] +
-                            (c.has(types_key) ? "" : " (written before mixed precision, or by an f32 run)") +
-                            ", with its optimizer state; this model's '" + tensors_[i].name + "' is " + mine +
-                            (tensors_[i].type == dtype::f32 ? "" : " (f32 master weights)") +
-                            ": resume with the precision the checkpoint was written in",
-                        site("ddp resume"));
-    }
   }
 
   // ---- metrics and reporting ----
@@ -1390,7 +1250,7 @@ class trainer {
     r.global_batch = o_.global_batch;
     r.resumed_from = resumed_step_;
     r.metrics = &ms_;
-    r.precision = precision_words();
+    r.precision = mw_.words(o_.deterministic, o_.f32_gradients, scaler_, o_.loss_scale.initial);
     return r;
   }
   void record_eval(fit_summary& sum, double train_seconds) {
@@ -1452,16 +1312,13 @@ class trainer {
   metric_set ms_;
   trainer_options::goal target_;
   std::optional<fixed_point> fixed_;     // deterministic mode's arithmetic
-  // Mixed precision: the optimizer's tensors (f32 parameters, and the f32 master weights of the
-  // 16-bit ones), each gradient's type, the 16-bit gradients widened for the optimizer.
-  std::vector<tensor_ref> opt_tensors_;
-  std::vector<std::vector<float>> master_;
-  std::vector<dtype> grad_types_;
+  // Mixed precision (precision.hpp): the master weights and each gradient's type, loss scaling,
+  // the typed gradient views (16-bit buckets, or a loss scale to hand the model).
+  master_weights mw_;
+  loss_scaler scaler_;
   std::vector<grad_view> typed_views_;
-  std::vector<float> grad32_;
-  bool mixed_ = false, typed_grads_ = false, scaling_ = false, check_overflow_ = false;
-  std::uint64_t overflow_ = 0, good_steps_ = 0, skipped_ = 0, skipped_in_row_ = 0;
-  double scale_ = 1.0;
+  bool typed_grads_ = false, check_overflow_ = false;
+  std::uint64_t overflow_ = 0;
   std::optional<console_report> console_;
   std::vector<observer*> observers_;     // console_ first, then trainer_options::observers
 };
