@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -75,6 +74,8 @@ int main(int argc, char** argv) {
   to.eval_every = 50;
   float lr = 2e-3f, weight_decay = 0.01f, beta2 = 0.95f;
   std::uint64_t warmup = 50;
+  std::string decay = "none";
+  double lr_floor = 0.1;
   int threads = 0, sample = 200;
   float temperature = 0.8f;
   double target = 2.3, valid_fraction = 0.1;
@@ -96,6 +97,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", to.max_steps, "stop after this many steps (0: no limit)")->capture_default_str();
   app.add_option("--lr", lr, "AdamW's learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--beta2", beta2, "AdamW's second-moment decay")->check(CLI::Range(0.0f, 0.9999f))->capture_default_str();
+  app.add_option("--decay", decay, "after the warm-up: none (constant lr), linear or cosine to --lr-floor at the last step")
+      ->check(CLI::IsMember({"none", "linear", "cosine"}))
+      ->capture_default_str();
+  app.add_option("--lr-floor", lr_floor, "the decay's last rate, as a fraction of --lr")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--warmup", warmup, "steps of a linear learning-rate warm-up from lr / warmup (0: none)")
       ->capture_default_str();
   app.add_option("--weight-decay", weight_decay, "AdamW's decoupled weight decay")
@@ -179,20 +186,20 @@ int main(int argc, char** argv) {
     to.reducer.limits.bucket_bytes_cap = bucket_cap_mib << 20;
     to.label = "char GPT " + std::to_string(gc.layers) + " x " + std::to_string(gc.d) + " (" + std::to_string(gc.heads) +
                " heads, ctx " + std::to_string(gc.ctx) + ")";
-    // Step s (1-based) runs at lr min(1, s / warmup): set when training starts (after the
-    // banner, which names the peak), then after each step.
-    auto lr_at = [&](std::uint64_t s) {
-      return warmup && s < warmup ? lr * static_cast<float>(s) / static_cast<float>(warmup) : lr;
-    };
+    // The trainer's schedule (kft/ddp/schedule.hpp): step s (1-based) runs at lr x s / warmup
+    // during the warm-up, then at lr, or decays to lr x --lr-floor at the last step.
     kft::ddp::adam opt({.lr = lr, .beta2 = beta2, .weight_decay = weight_decay});
-    struct warm_up : kft::ddp::observer {
-      std::function<void()> first;
-      void on_start(const kft::ddp::run_info&) override { first(); }
-    } start;
-    start.first = [&] { opt.set_lr(lr_at(1)); };
-    to.observers.push_back(&start);
-    to.on_step = [&](std::uint64_t done) { opt.set_lr(lr_at(done + 1)); };
-    if (warmup) to.label += ", lr warm-up " + std::to_string(warmup) + " steps";
+    to.lr = {.peak = lr, .warmup = warmup};
+    if (decay != "none") {
+      const std::uint64_t per_epoch = (model.train_windows() + to.batch * static_cast<std::uint64_t>(pg.size()) - 1) /
+                                      (to.batch * static_cast<std::uint64_t>(pg.size()));
+      to.lr.total = to.max_steps ? to.max_steps : to.epochs * per_epoch;
+      to.lr.floor = lr_floor;
+      to.lr.decay = decay == "linear" ? kft::ddp::lr_schedule::shape::linear : kft::ddp::lr_schedule::shape::cosine;
+      if (to.lr.total <= warmup)
+        throw CLI::ValidationError("--decay", "the run's " + std::to_string(to.lr.total) +
+                                                  " steps end within the warm-up (--warmup " + std::to_string(warmup) + ")");
+    }
     // --precision bf16 / f16: weights and embeddings in 16 bits (f32 master weights in the
     // trainer, 16-bit gradients unless --f32-gradients); LayerNorm gains and biases stay f32.
     // The model computes in f32 on the 16-bit values (kft/ddp/mixed.hpp).

@@ -21,12 +21,14 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <numbers>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <kft/ddp/optim.hpp>
 #include <kft/ddp/records.hpp>
+#include <kft/ddp/schedule.hpp>
 #include <kft/ddp/trainer.hpp>
 #include <kft/group/process_group.hpp>
 
@@ -617,4 +619,79 @@ BOOST_AUTO_TEST_CASE(streamed_bad_inputs_are_named_without_a_hang) {
     BOOST_TEST(e.find("was written by a run over streamed records; this model takes sample indices") != std::string::npos,
                e);
   }
+}
+
+// ---- the learning-rate schedule -------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(the_lr_schedule_is_the_documented_formula) {
+  const double p = 0.5;
+  ddp::lr_schedule c{.peak = p, .warmup = 4, .total = 12, .floor = 0.1};
+  BOOST_TEST(c.at(1) == 0.25 * p);
+  BOOST_TEST(c.at(4) == p);
+  BOOST_TEST(c.at(6) == p * (0.1 + 0.9 * 0.5 * (1 + std::cos(std::numbers::pi * 0.25))), boost::test_tools::tolerance(1e-15));
+  BOOST_TEST(c.at(12) == 0.1 * p);
+  BOOST_TEST(c.at(100) == 0.1 * p);
+  ddp::lr_schedule l = c;
+  l.decay = ddp::lr_schedule::shape::linear;
+  BOOST_TEST(l.at(6) == p * (0.1 + 0.9 * 0.75), boost::test_tools::tolerance(1e-15));
+  ddp::lr_schedule w{.peak = p, .warmup = 10};  // no decay: the peak after the warm-up
+  BOOST_TEST(w.at(5) == 0.5 * p);
+  BOOST_TEST(w.at(1000) == p);
+  BOOST_TEST(c.words() == "lr warm-up 4 steps to 0.5, cosine to 0.1x at step 12");
+  auto bad = [](ddp::lr_schedule s) {
+    try {
+      s.check();
+    } catch (const kft::usage_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  BOOST_TEST(bad({.peak = 1, .warmup = 5, .total = 5}).find("total 5 <= warmup 5") != std::string::npos);
+  BOOST_TEST(bad({.peak = 1, .floor = 2}).find("floor 2 (a fraction of the peak, 0..1)") != std::string::npos);
+  BOOST_TEST(bad({.peak = -1}).find("peak -1") != std::string::npos);
+}
+
+namespace {
+// SGD that records the rate of every step it takes.
+struct recording_sgd : ddp::sgd {
+  using ddp::sgd::sgd;
+  std::vector<float> lrs;
+  void begin_step() {
+    lrs.push_back(options().lr);
+    ddp::sgd::begin_step();
+  }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_trainer_applies_the_schedule_and_resumes_it) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kft-tasks-lr-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const ddp::lr_schedule sched{.peak = 0.2, .warmup = 3, .total = 10, .floor = 0.05};
+  std::vector<std::vector<float>> seen(2);  // rank 0's rates: the first run, the resumed one
+  std::vector<std::string> banner(1);
+  for (int part = 0; part < 2; ++part) {
+    auto errors = with_ranks(2, [&](kft::group::process_group& g) {
+      regression m;
+      recording_sgd opt({.lr = 0.01f});
+      ddp::trainer_options o;
+      o.quiet = true;
+      o.batch = 8;
+      o.epochs = 1;  // 200 samples / 16: 13 steps
+      o.lr = sched;
+      o.checkpoint_dir = dir;
+      o.checkpoint_every = 6;
+      o.max_steps = part == 0 ? 6 : 0;
+      o.resume = part == 1;
+      ddp::trainer t(g, m, opt, o);
+      t.fit(200);
+      if (g.rank() == 0) seen[static_cast<std::size_t>(part)] = opt.lrs;
+    });
+    BOOST_TEST_REQUIRE(none(errors));
+  }
+  BOOST_TEST_REQUIRE(seen[0].size() == 6u);
+  BOOST_TEST_REQUIRE(seen[1].size() == 7u);
+  for (std::size_t k = 0; k < 6; ++k) BOOST_TEST(seen[0][k] == static_cast<float>(sched.at(k + 1)));
+  for (std::size_t k = 0; k < 7; ++k) BOOST_TEST(seen[1][k] == static_cast<float>(sched.at(k + 7)));
+  BOOST_TEST(seen[1].back() == static_cast<float>(0.2 * 0.05));  // steps 11-13: the floor
+  std::filesystem::remove_all(dir);
 }

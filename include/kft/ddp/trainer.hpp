@@ -71,6 +71,7 @@
 #include <kft/ddp/precision.hpp>
 #include <kft/ddp/records.hpp>
 #include <kft/ddp/reducer.hpp>
+#include <kft/ddp/schedule.hpp>
 #include <kft/ddp/report.hpp>
 #include <kft/ddp/sampler.hpp>
 #include <kft/ddp/zero.hpp>
@@ -131,6 +132,9 @@ struct trainer_options {
   /// Called on every rank after each optimizer step of fit() with the step's number (learning
   /// rate schedules, custom logging); runs before that step's evaluation and checkpoint.
   std::function<void(std::uint64_t)> on_step;
+  /// The learning rate of every optimizer step (schedule.hpp: warm-up, then constant, linear or
+  /// cosine decay), set through the optimizer's set_lr before the step; peak 0: the optimizer's own.
+  lr_schedule lr;
   std::uint64_t eval_every = 0;          ///< steps between evaluations (0: at the end of each epoch)
   std::uint64_t eval_batch = 1000;
   /// What to report the time to: the first evaluation whose `metric` ("loss" or one of the
@@ -168,8 +172,16 @@ struct trainer_options {
   std::vector<observer*> observers;
 };
 
-template <model M, optimizer O, class Group = group::process_group, class Control = Group>
+template <class M, optimizer O, class Group = group::process_group, class Control = Group>
 class trainer {
+  // (M is checked here rather than in the template head: an indexed or a streaming model is a
+  // disjunction, whose failure the compiler reports without saying which part is missing.)
+  static_assert(model<M>,
+                "kft::ddp::trainer<M>: M is not a kft::ddp::model (model.hpp): it needs parameters() returning "
+                "std::vector<tensor_ref>, and forward_backward(std::span<const std::uint32_t>, gradients&) (an indexed "
+                "model) or forward_backward(const record_batch&, gradients&) (a streaming one) returning "
+                "kft::ddp::stats or batch_stats (the concept batch_result)");
+
  public:
   /// True when the gradients, parameters and optimizer live on a device (a GPU group: the
   /// model's tensors are device memory, the optimizer a device one such as `cuda_sgd`).
@@ -220,6 +232,16 @@ class trainer {
     } else {
       o_.global_batch = o_.batch * n;
     }
+    try {
+      o_.lr.check();
+    } catch (const usage_error& e) {
+      throw usage_error(e.detail(), site("ddp trainer"));
+    }
+    if constexpr (!requires { opt_.set_lr(1.0f); })
+      if (o_.lr.on())
+        throw usage_error("trainer: a learning-rate schedule (trainer_options::lr) needs an optimizer with set_lr(float); " +
+                              opt_.name() + " has none",
+                          site("ddp trainer"));
     if (o_.zero_stage != 0 && o_.zero_stage != 1)
       throw usage_error("trainer: zero_stage = " + std::to_string(o_.zero_stage) + " (0: replicated optimizer state, "
                             "1: ZeRO stage 1)",
@@ -891,6 +913,8 @@ class trainer {
   // went into them over all ranks.
   void apply(std::uint64_t contributions) {
     auto span = traced("optimizer");
+    if constexpr (requires { opt_.set_lr(1.0f); })
+      if (o_.lr.on()) opt_.set_lr(static_cast<float>(o_.lr.at(step_ + 1)));
     if (o_.zero_stage) return apply_sharded(contributions);
     const auto t0 = clk::now();
     opt_.begin_step();
@@ -1229,6 +1253,10 @@ class trainer {
     r.rank = g_.rank();
     r.ranks = g_.size();
     r.label = o_.label;
+    if (o_.lr.on()) {
+      if (!r.label.empty()) r.label += ", ";
+      r.label += o_.lr.words();
+    }
     if constexpr (requires { g_.description(); }) r.group = g_.description();
     r.threads = o_.threads;
     for (auto s : sizes_) r.parameters += s;
