@@ -16,6 +16,7 @@
 
 #include <kft/group/process_group.hpp>
 
+#include "rank_errors.hpp"
 #include "shm_ranks.hpp"
 #include "../../examples/05-fashion-mnist/idx.hpp"
 #include "../../examples/05-fashion-mnist/mlp.hpp"
@@ -33,14 +34,7 @@ std::atomic<int> segment_counter{0};
   return kft_test::with_shm_ranks(p, body, {.pool = 16u << 20, .timeout = 60s});
 }
 
-[[maybe_unused]] bool none(const std::vector<std::string>& errors) {
-  for (const auto& e : errors)
-    if (!e.empty()) {
-      BOOST_TEST_MESSAGE("rank error: " << e);
-      return false;
-    }
-  return true;
-}
+using kft_test::none;
 
 struct fixture {
   fixture() { openblas_set_num_threads(1); }  // ranks are threads: one BLAS thread each

@@ -21,6 +21,7 @@
 #include <kft/transport/shm/communicator.hpp>
 
 #include "../common/reference.hpp"
+#include "../common/rank_errors.hpp"
 #include "../common/shm_ranks.hpp"
 
 using namespace std::chrono_literals;
@@ -33,14 +34,7 @@ std::vector<std::string> with_ranks(int p, const std::function<void(kft::group::
   return kft_test::with_shm_ranks(p, body, {.pool = pool, .timeout = timeout});
 }
 
-bool none(const std::vector<std::string>& errors) {
-  for (const auto& e : errors)
-    if (!e.empty()) {
-      BOOST_TEST_MESSAGE("rank error: " << e);
-      return false;
-    }
-  return true;
-}
+using kft_test::none;
 
 // What rank r contributes to element j of parameter i in step s: a small integer (exact sums).
 double contribution(int r, std::size_t i, std::size_t j, std::uint64_t s) {

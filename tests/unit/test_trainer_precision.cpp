@@ -23,6 +23,7 @@
 #include <kft/ddp/trainer.hpp>
 #include <kft/group/process_group.hpp>
 
+#include "../common/rank_errors.hpp"
 #include "../common/shm_ranks.hpp"
 
 using namespace std::chrono_literals;
@@ -36,15 +37,7 @@ std::vector<std::string> with_ranks(int p, const std::function<void(kft::group::
   return kft_test::with_shm_ranks(p, body, {.pool = 8u << 20, .timeout = 30s});
 }
 
-bool none(const std::vector<std::string>& errors) {
-  bool ok = true;
-  for (std::size_t r = 0; r < errors.size(); ++r)
-    if (!errors[r].empty()) {
-      BOOST_TEST_MESSAGE("rank " << r << " error: " << errors[r]);
-      ok = false;
-    }
-  return ok;
-}
+using kft_test::none;
 
 fs::path temp_dir(const std::string& tag) {
   auto d = fs::temp_directory_path() / ("kft-precision-" + std::to_string(::getpid()) + "-" + tag);

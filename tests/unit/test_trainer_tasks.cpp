@@ -32,6 +32,7 @@
 #include <kft/ddp/trainer.hpp>
 #include <kft/group/process_group.hpp>
 
+#include "../common/rank_errors.hpp"
 #include "../common/shm_ranks.hpp"
 
 using namespace std::chrono_literals;
@@ -128,15 +129,7 @@ struct recorder : ddp::observer {
   void on_summary(const ddp::fit_summary&) override { ++summaries; }
 };
 
-bool none(const std::vector<std::string>& errors) {
-  bool ok = true;
-  for (std::size_t r = 0; r < errors.size(); ++r)
-    if (!errors[r].empty()) {
-      BOOST_TEST_MESSAGE("rank " << r << " error: " << errors[r]);
-      ok = false;
-    }
-  return ok;
-}
+using kft_test::none;
 
 }  // namespace
 

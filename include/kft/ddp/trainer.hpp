@@ -41,6 +41,12 @@
 ///    step and the trainer's RNG, written atomically by rank 0.
 ///  - **any task**: the model reports a loss and any named metrics (model.hpp); they are
 ///    merged over micro-batches, reduced over the ranks and reported; evaluation is optional.
+///  - **mixed precision** beside the trainer (precision.hpp): bf16 / f16 parameters with f32
+///    master weights that the optimizer updates, gradients in 16 bits or f32, loss scaling for
+///    f16 (an overflow on any rank skips the step on every rank); mixed.hpp's half_params gives
+///    an f32 model 16-bit parameters.
+///  - **a learning-rate schedule** (schedule.hpp) applied before every step, and
+///    `stop_at_target` to end fit() at the first evaluation that reaches the target.
 ///  - **reporting** beside the trainer (report.hpp): observers told of the start, each step,
 ///    each evaluation and epoch, and the summary; the default one prints on rank 0 (a live
 ///    line on a terminal, a table of epochs, `quiet`, a JSON-lines log).
