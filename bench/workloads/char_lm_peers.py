@@ -16,8 +16,8 @@ and evaluations, DDP over gloo under torchrun (gradient_as_bucket_view, 25 MB bu
 on OpenBLAS with one thread per rank (the script prints the BLAS torch loaded), f32.
 
 Two parts:
-  - throughput (--repeats pairs of --pair-steps steps): 1 rank and 2 ranks of each peer, one
-    after the other, for seconds per step, windows/s, the weak-scaling efficiency (2-rank
+  - throughput (--repeats pairs of --pair-steps steps, for each of --batches windows per rank):
+    1 rank and 2 ranks of each peer, one after the other, for seconds per step, windows/s, the weak-scaling efficiency (2-rank
     rate / 2 x the 1-rank rate, per pair) and the communication left exposed after the
     backward pass (kft: the trainer's `exposed_comm_seconds`, its time waiting in the reducer's
     finish(), from its JSON summary; PyTorch: DDP's own logging data, backward communication
@@ -89,14 +89,16 @@ def main():
     ap.add_argument("--seeds", type=int, default=3, help="seeds 1..N for the time to target (0: leave it out)")
     ap.add_argument("--repeats", type=int, default=1, help="pairs (1 rank, 2 ranks) of each peer for the throughput")
     ap.add_argument("--pair-steps", type=int, default=30, help="steps of each throughput run")
+    ap.add_argument("--batches", type=int, nargs="+", default=[8],
+                    help="windows per rank of the throughput runs, one row group each (the time to target uses 8)")
     ap.add_argument("--target", type=float, default=2.7, help="validation loss (nats per character)")
     ap.add_argument("--max-steps", type=int, default=225, help="steps of each time-to-target run")
     ap.add_argument("--precisions", nargs="+", default=["f32", "bf16"], choices=["f32", "bf16"],
                     help="kft's precisions in the time-to-target runs (PyTorch: f32)")
     a = ap.parse_args()
-    if a.repeats < 1 or a.seeds < 0 or a.pair_steps < 1:
-        sys.exit(f"char_lm_peers: --repeats and --pair-steps must be >= 1, --seeds >= 0 "
-                 f"(got {a.repeats}, {a.pair_steps}, {a.seeds})")
+    if a.repeats < 1 or a.seeds < 0 or a.pair_steps < 1 or min(a.batches) < 1:
+        sys.exit(f"char_lm_peers: --repeats, --pair-steps and --batches must be >= 1, --seeds >= 0 "
+                 f"(got {a.repeats}, {a.pair_steps}, {a.batches}, {a.seeds})")
     if not os.path.exists(kftbench.example(a.build, "09-char-transformer")):
         sys.exit(f"char_lm_peers: no {a.build}/examples/09-char-transformer: build it first")
     if not os.path.isdir("/usr/share/games/fortunes"):
@@ -104,16 +106,17 @@ def main():
     load0 = os.getloadavg()
 
     # Throughput pairs: one evaluation (8 windows) at the end only.
-    pair = ["--max-steps", str(a.pair_steps), "--eval-every", "0", "--eval-windows", "8"]
-    rows = {}  # (peer, ranks) -> [run]
-    effs = {"kft": [], "PyTorch": []}
+    rows = {}  # (batch, peer, ranks) -> [run]
+    effs = {}  # (batch, peer) -> [efficiency]
     for _ in range(a.repeats):
-        for name, f in (("kft", lambda n: kft(a.build, n, pair)), ("PyTorch", lambda n: torch(n, pair))):
-            one, two = f(1), f(2)
-            rows.setdefault((name, 1), []).append(one)
-            rows.setdefault((name, 2), []).append(two)
-            effs[name].append(two["samples_per_s"] / (2 * one["samples_per_s"]))
-    info = rows[("PyTorch", 1)][0]
+        for b in a.batches:
+            pair = ["--max-steps", str(a.pair_steps), "--eval-every", "0", "--eval-windows", "8", "--batch", str(b)]
+            for name, f in (("kft", lambda n: kft(a.build, n, pair)), ("PyTorch", lambda n: torch(n, pair))):
+                one, two = f(1), f(2)
+                rows.setdefault((b, name, 1), []).append(one)
+                rows.setdefault((b, name, 2), []).append(two)
+                effs.setdefault((b, name), []).append(two["samples_per_s"] / (2 * one["samples_per_s"]))
+    info = rows[(a.batches[0], "PyTorch", 1)][0]
 
     # Time to target: 2 ranks, seeds 1..N, kft and PyTorch interleaved (each seed's pair shares the machine's phase).
     run = ["--max-steps", str(a.max_steps), "--eval-every", "25", "--eval-windows", "128", "--target", str(a.target)]
@@ -138,16 +141,21 @@ def main():
     print(f"Throughput ({a.pair_steps} steps per run, medians of {a.repeats} pair(s); weak scaling: 2-rank windows/s over "
           f"2 x the 1-rank run's just before it):")
     print()
-    print("| run | ranks | s/step | windows/s | exposed comm per step | weak-scaling eff. |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for (name, n), runs in rows.items():
+    print("| windows/rank | run | ranks | s/step | windows/s | exposed comm per step | weak-scaling eff. |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for (b, name, n), runs in rows.items():
         sps = med([r["seconds_per_step"] for r in runs])
         exp = med([r["exposed_per_step"] for r in runs if r["exposed_per_step"] is not None])
         exposed = "-" if n == 1 or exp is None else f"{1000 * exp:.1f} ms ({100 * exp / sps:.1f}%)"
-        eff = "-" if n == 1 else kftbench.spread([100 * e for e in effs[name]], "{:.0f}%")
+        eff = "-" if n == 1 else kftbench.spread([100 * e for e in effs[(b, name)]], "{:.0f}%")
         label = {("kft", 1): "kft", ("kft", 2): "kft (kftrun, shm)", ("PyTorch", 1): "PyTorch 1 process",
                  ("PyTorch", 2): "PyTorch DDP (gloo, torchrun)"}[(name, n)]
-        print(f"| {label} | {n} | {sps:.3f} | {med([r['samples_per_s'] for r in runs]):.1f} | {exposed} | {eff} |")
+        print(f"| {b} | {label} | {n} | {sps:.3f} | {med([r['samples_per_s'] for r in runs]):.1f} | {exposed} | {eff} |")
+    print()
+    for b in a.batches:
+        k2 = med([r["seconds_per_step"] for r in rows[(b, "kft", 2)]])
+        t2 = med([r["seconds_per_step"] for r in rows[(b, "PyTorch", 2)]])
+        print(f"{b} windows/rank: kft 2 ranks' seconds per step / PyTorch DDP's: {k2 / t2:.2f}")
     print()
     if a.seeds:
         print(f"Time to validation loss <= {a.target} on 2 ranks, seeds 1..{a.seeds} (each: seconds of training "

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -210,6 +211,68 @@ BOOST_AUTO_TEST_CASE(sgd_and_adam_follow_pytorchs_update_rules) {
     BOOST_CHECK_THROW(o.step(0, w, std::vector<float>{1.0f}, 1.0f), kft::usage_error);
     BOOST_CHECK_THROW(o.step(1, w, std::vector<float>{1.0f, 1.0f}, 1.0f), kft::usage_error);
   }
+}
+
+BOOST_AUTO_TEST_CASE(adam_keeps_the_scalar_rules_bits_in_every_lane) {
+  // 4 steps on 4 parameters whose sizes leave 0-3 values past the last 4-lane block; each value
+  // must equal the scalar rule's float arithmetic, in its order, bit for bit.
+  const std::vector<std::size_t> sizes{1, 6, 13, 32};
+  for (const bool decoupled : {true, false}) {
+    ddp::adam o({.lr = 0.003f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.02f, .decoupled = decoupled});
+    o.bind(sizes);
+    std::uint32_t x = 12345;
+    auto next = [&x] {
+      x = x * 1664525u + 1013904223u;
+      return static_cast<float>(x >> 8) / static_cast<float>(1u << 24) - 0.5f;
+    };
+    std::vector<std::vector<float>> w, m, v;
+    for (auto n : sizes) {
+      w.emplace_back(n);
+      for (auto& e : w.back()) e = next();
+      m.emplace_back(n, 0.0f);
+      v.emplace_back(n, 0.0f);
+    }
+    auto rw = w;
+    for (int s = 1; s <= 4; ++s) {
+      o.begin_step();
+      const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(0.9f), s));
+      const float bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(0.95f), s)));
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        std::vector<float> g(sizes[i]);
+        for (auto& e : g) e = next();
+        BOOST_TEST(o.step(i, w[i], g, 0.5f));
+        const float lr = 0.003f, wd = 0.02f, step_size = lr / bc1;
+        const float decay = decoupled ? 1.0f - lr * wd : 1.0f, l2 = decoupled ? 0.0f : wd;
+        for (std::size_t k = 0; k < sizes[i]; ++k) {
+          volatile float gk = g[k] * 0.5f + l2 * rw[i][k];  // volatile: no contraction into FMAs here
+          volatile float mk = 0.9f * m[i][k] + (1.0f - 0.9f) * gk;
+          volatile float vk = 0.95f * v[i][k] + (1.0f - 0.95f) * gk * gk;
+          m[i][k] = mk;
+          v[i][k] = vk;
+          volatile float denom = std::sqrt(static_cast<float>(vk)) / bc2 + 1e-8f;
+          rw[i][k] = rw[i][k] * decay - step_size * mk / denom;
+        }
+      }
+    }
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      for (std::size_t k = 0; k < sizes[i]; ++k) differ += std::bit_cast<std::uint32_t>(w[i][k]) != std::bit_cast<std::uint32_t>(rw[i][k]);
+    BOOST_TEST(differ == 0u);
+    BOOST_TEST(o.state().buffers[1][3] == v[3], boost::test_tools::per_element());
+  }
+  // A NaN or an infinity is reported wherever it sits: each lane of a block and the tail.
+  for (std::size_t at = 0; at < 7; ++at)
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+      ddp::adam o;
+      std::vector<std::size_t> one{7};
+      o.bind(one);
+      o.begin_step();
+      std::vector<float> w(7, 1.0f), g(7, 0.5f);
+      g[at] = bad;
+      BOOST_TEST(!o.step(0, w, g, 1.0f), "a non-finite gradient value at " << at << " went unseen");
+      g[at] = 0.25f;
+      BOOST_TEST(o.step(0, w, g, 1.0f));
+    }
 }
 
 // ---- checkpoint files --------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include <kft/core/namespace.hpp>
 #include <kft/ddp/optim.hpp>  // detail::not_finite
@@ -64,6 +65,46 @@ class fixed_point {
  private:
   int bits_;
   double scale_, limit_;
+};
+
+/// @brief The deterministic mode's gradients beside the reducer's i64 buckets: the model writes
+/// one shard's float gradients into `local(i)`; `convert` turns them into fixed point, assigned
+/// or added into the bucket; after the reduction `mean` turns a bucket's sum back into the
+/// float mean the optimizer reads (kept here, so the step allocates nothing).
+class fixed_point_gradients {
+ public:
+  fixed_point_gradients(int fraction_bits, std::uint64_t terms, std::span<const std::size_t> sizes)
+      : fp_(fraction_bits, terms) {
+    local_.reserve(sizes.size());
+    for (std::size_t n : sizes) local_.emplace_back(n, 0.0f);
+    avg_ = local_;
+  }
+  const fixed_point& arithmetic() const noexcept { return fp_; }
+  std::span<float> local(std::size_t i) noexcept { return local_[i]; }
+
+  /// @brief Parameter i's shard gradient into `q` (assigned when `first`, else added); the
+  /// verdict says whether it was finite and in range (fixed_point::in_range).
+  fixed_point::verdict convert(std::size_t i, std::span<std::int64_t> q, bool first) const {
+    return fp_.add(local_[i], q, first);
+  }
+  /// @brief The mean of `contributions` terms summed into `q`, elements [offset, offset + q.size())
+  /// of parameter i.
+  std::span<const float> mean(std::size_t i, std::span<const std::int64_t> q, std::uint64_t contributions,
+                              std::size_t offset = 0) {
+    auto out = std::span<float>(avg_[i]).subspan(offset, q.size());
+    fp_.mean(q, out, contributions);
+    return out;
+  }
+  /// @brief True when parameter i's shard gradient holds a NaN or an infinity.
+  bool not_finite(std::size_t i) const noexcept {
+    std::uint32_t bad = 0;
+    for (float v : local_[i]) bad |= detail::not_finite(v);
+    return bad != 0;
+  }
+
+ private:
+  fixed_point fp_;
+  std::vector<std::vector<float>> local_, avg_;  // one shard's gradients; the means
 };
 
 }  // namespace ddp

@@ -23,6 +23,10 @@
 #include <kft/core/error.hpp>
 #include <kft/core/namespace.hpp>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 KFT_NAMESPACE_BEGIN
 namespace ddp {
 
@@ -184,7 +188,31 @@ class adam {
     float* __restrict vp = s_.buffers[1][i].data();
     const float* __restrict gp = g.data();
     std::uint32_t bad = 0;
-    for (std::size_t k = 0; k < n; ++k) {
+    std::size_t k = 0;
+#if defined(__SSE2__)
+    // Four lanes at a time with the scalar loop's operations in its order (IEEE's sqrt and
+    // division round the same in both), so the result keeps its bits. The scalar loop alone
+    // stays scalar: its std::sqrt may set errno, which keeps the compiler from vectorising it.
+    {
+      const __m128 vs = _mm_set1_ps(scale), vl2 = _mm_set1_ps(l2), vb1 = _mm_set1_ps(b1), vb2 = _mm_set1_ps(b2);
+      const __m128 vc1 = _mm_set1_ps(1.0f - b1), vc2 = _mm_set1_ps(1.0f - b2), vdecay = _mm_set1_ps(decay);
+      const __m128 vstep = _mm_set1_ps(step_size), vbc2 = _mm_set1_ps(bc2_sqrt_), veps = _mm_set1_ps(eps);
+      __m128 nonfinite = _mm_setzero_ps();
+      for (; k + 4 <= n; k += 4) {
+        const __m128 g4 = _mm_loadu_ps(gp + k), w4 = _mm_loadu_ps(wp + k);
+        nonfinite = _mm_or_ps(nonfinite, _mm_cmpunord_ps(_mm_sub_ps(g4, g4), _mm_sub_ps(g4, g4)));
+        const __m128 gk = _mm_add_ps(_mm_mul_ps(g4, vs), _mm_mul_ps(vl2, w4));
+        const __m128 m = _mm_add_ps(_mm_mul_ps(vb1, _mm_loadu_ps(mp + k)), _mm_mul_ps(vc1, gk));
+        const __m128 v = _mm_add_ps(_mm_mul_ps(vb2, _mm_loadu_ps(vp + k)), _mm_mul_ps(_mm_mul_ps(vc2, gk), gk));
+        _mm_storeu_ps(mp + k, m);
+        _mm_storeu_ps(vp + k, v);
+        const __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(v), vbc2), veps);
+        _mm_storeu_ps(wp + k, _mm_sub_ps(_mm_mul_ps(w4, vdecay), _mm_div_ps(_mm_mul_ps(vstep, m), denom)));
+      }
+      bad = static_cast<std::uint32_t>(_mm_movemask_ps(nonfinite) != 0);
+    }
+#endif
+    for (; k < n; ++k) {
       const float gk = gp[k] * scale + l2 * wp[k];
       bad |= detail::not_finite(gp[k]);
       const float m = b1 * mp[k] + (1.0f - b1) * gk;

@@ -31,7 +31,10 @@
 ///  - **deterministic mode**: a global batch is cut into `micro_shards` fixed shards; each
 ///    shard's gradient is turned into 64-bit fixed point and the shards are summed as integers,
 ///    which is exact in any order, so the parameters are bit-identical for any number of ranks
-///    that divides `micro_shards`, any bucket cap and any arrival order.
+///    that divides `micro_shards`, any bucket cap and any arrival order (fixed_point.hpp: the
+///    arithmetic and the shard gradients beside the reducer's i64 buckets).
+///  - **the trainer's own counts** (contributions, ranks with a non-finite loss or gradient)
+///    ride in the reducer's trailer, in the bucket reduced last (step_counts.hpp).
 ///  - **checks, always on**: every `verify_every` steps and at every checkpoint the ranks
 ///    compare a hash of every parameter (`desync_error` names the first parameter and the
 ///    ranks that differ: a layer-2 fault); a NaN or infinite loss or gradient stops every rank
@@ -72,6 +75,7 @@
 #include <kft/core/error.hpp>
 #include <kft/ddp/checkpoint.hpp>
 #include <kft/ddp/fixed_point.hpp>
+#include <kft/ddp/step_counts.hpp>
 #include <kft/ddp/model.hpp>
 #include <kft/ddp/optim.hpp>
 #include <kft/ddp/precision.hpp>
@@ -262,18 +266,15 @@ class trainer {
     // the bucket finish() launches last.
     set_up_precision();
     std::vector<parameter> ps;
-    // (The counters: i64 in deterministic mode (summed), f32 otherwise (averaged); ZeRO-1: f64,
-    // a type no gradient has, so they get a bucket of their own that is allreduced while every
-    // gradient bucket is reduce-scattered.)
-    counts_type_ = o_.zero_stage ? dtype::f64 : o_.deterministic ? dtype::i64 : dtype::f32;
+    counters_ = step_counters<on_device>(o_.zero_stage == 1, o_.deterministic);  // the trailer's type (step_counts.hpp)
     sizes_.reserve(tensors_.size());
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       ps.push_back({tensors_[i].size(), mw_.gradient_type(i), tensors_[i].name});
       sizes_.push_back(tensors_[i].size());
     }
     reducer_options ro = o_.reducer;
-    ro.trailer = 3;
-    ro.trailer_type = counts_type_;
+    ro.trailer = counters_.size;
+    ro.trailer_type = counters_.type();
     if (o_.deterministic) ro.deterministic = true;
     if constexpr (requires { m_.stream(); })  // a device model's stream: the gradients' order
       if (ro.stream == nullptr) ro.stream = static_cast<void*>(m_.stream());
@@ -296,12 +297,7 @@ class trainer {
       opt_.bind(sizes_);
     }
     views_.resize(tensors_.size());
-    if (o_.deterministic) {
-      fixed_.emplace(o_.fraction_bits, o_.micro_shards * o_.accumulate);
-      local_.resize(tensors_.size());
-      for (std::size_t i = 0; i < tensors_.size(); ++i) local_[i].assign(sizes_[i], 0.0f);
-      avg_ = local_;
-    }
+    if (o_.deterministic) fixed_.emplace(o_.fraction_bits, o_.micro_shards * o_.accumulate, sizes_);
     verify_metrics();
     if (o_.resume && !o_.checkpoint_dir.empty()) resume();
     broadcast_state();
@@ -371,7 +367,7 @@ class trainer {
       r.zero_grad();
       for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i);  // the counts stay 0
       timed_finish();
-      const auto [contributions, bad, overflow] = counts();
+      const auto [contributions, bad, overflow] = counters_.read(*r_, g_.size());
       if (contributions == 0) break;  // every rank has joined
       check_loss(bad, false);
       if (!overflowed(overflow)) apply(contributions);
@@ -721,81 +717,13 @@ class trainer {
 
   // One optimizer step over micro_ (this rank's micro-batches or deterministic shards).
   stats run_step() {
-    auto& r = *r_;
     stats s = ms_.empty();
-    std::uint64_t bad = 0, contributed = 0;
-    const std::size_t k = micro_n_;
+    std::uint64_t bad = 0;
     overflow_ = 0;
-    if (o_.deterministic) {
-      // Every shard's gradient becomes fixed point and is added (exactly) into the reducer's
-      // i64 buckets; the last shard's conversions happen as its gradients become final.
-      for (std::size_t i = 0; i < tensors_.size(); ++i) views_[i] = std::span<float>(local_[i]);
-      std::size_t nonempty = 0;
-      for (const auto& mb : micro()) nonempty += rows_of(mb) != 0;
-      std::size_t done = 0;
-      if (nonempty == 0) {
-        r.zero_grad();
-        for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i);
-      }
-      for (const auto& mb : micro()) {
-        if (rows_of(mb) == 0) continue;
-        first_micro_ = done == 0;
-        last_micro_ = done + 1 == nonempty;
-        gradients gs(views_, false, &on_ready, this);
-        auto bs = [&] {
-          auto span = traced("backward");
-          return m_.forward_backward(mb, gs);
-        }();
-        bad |= !std::isfinite(bs.loss_sum);
-        ms_.merge(s, as_stats(bs));
-        if (!last_micro_)
-          for (std::size_t i = 0; i < tensors_.size(); ++i) to_fixed(i, first_micro_);
-        ++done;
-      }
-      contributed = nonempty;
-      set_counts(contributed, bad, 0);
-      timed_finish();
-    } else {
-      for (std::size_t m = 0; m < k; ++m) {
-        const bool last = m + 1 == k;
-        std::optional<typename reducer<Group, trainer_hook>::sync_guard> quiet;
-        if (!last) (void)quiet.emplace(r.no_sync());  // (void): nvcc flags the discarded nodiscard reference
-        check_overflow_ = scaler_.on() && last;
-        if (rows_of(micro_[m]) == 0) {  // all padding (streamed records): no contribution
-          if (contributed == 0) r.zero_grad();  // (else: the earlier micro-batches' sum stays)
-          if (last) {
-            for (std::size_t i = 0; i < tensors_.size(); ++i) overflow_ |= check_overflow_ && !finite_gradient(i);
-            set_counts(contributed, bad, overflow_);
-            for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i);
-          }
-          timed_finish();
-          continue;
-        }
-        auto gs = typed_grads_ ? [&] {
-          for (std::size_t i = 0; i < tensors_.size(); ++i)
-            typed_views_[i] = {r.gradient_data(i), sizes_[i], mw_.gradient_type(i)};
-          return gradients(std::span<const grad_view>(typed_views_), contributed > 0, &on_ready, this,
-                           static_cast<float>(scaler_.scale()));
-        }()
-                               : [&] {
-                                   for (std::size_t i = 0; i < tensors_.size(); ++i)
-                                     views_[i] = r.template gradient<float>(i);
-                                   return gradients(std::span<const std::span<float>>(views_), contributed > 0,
-                                                    &on_ready, this);
-                                 }();
-        auto bs = [&] {
-          auto span = traced("backward");
-          return m_.forward_backward(std::as_const(micro_[m]), gs);
-        }();
-        bad |= !std::isfinite(bs.loss_sum);
-        ms_.merge(s, as_stats(bs));
-        ++contributed;
-        if (last) set_counts(contributed, bad, overflow_);
-        timed_finish();
-      }
-    }
+    if (o_.deterministic) fixed_point_micro_steps(s, bad);
+    else micro_steps(s, bad);
     check_overflow_ = false;
-    const auto [contributions, bad_ranks, overflow_ranks] = counts();
+    const auto [contributions, bad_ranks, overflow_ranks] = counters_.read(*r_, g_.size());
     if (bad_ranks) {
       local_bad_ = bad != 0;
       check_loss(bad_ranks, true);
@@ -805,60 +733,93 @@ class trainer {
     return s;
   }
 
-  // Parameter i's float gradient (local_) into fixed point, assigned or added into the bucket.
+  // The deterministic mode's micro-steps: every shard's gradient becomes fixed point and is
+  // added (exactly) into the reducer's i64 buckets; the last shard's conversions happen as its
+  // gradients become final (on_ready).
+  void fixed_point_micro_steps(stats& s, std::uint64_t& bad) {
+    auto& r = *r_;
+    for (std::size_t i = 0; i < tensors_.size(); ++i) views_[i] = fixed_->local(i);
+    std::size_t nonempty = 0;
+    for (const auto& mb : micro()) nonempty += rows_of(mb) != 0;
+    std::size_t done = 0;
+    if (nonempty == 0) {
+      r.zero_grad();
+      for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i);
+    }
+    for (const auto& mb : micro()) {
+      if (rows_of(mb) == 0) continue;
+      first_micro_ = done == 0;
+      last_micro_ = done + 1 == nonempty;
+      gradients gs(views_, false, &on_ready, this);
+      auto bs = [&] {
+        auto span = traced("backward");
+        return m_.forward_backward(mb, gs);
+      }();
+      bad |= !std::isfinite(bs.loss_sum);
+      ms_.merge(s, as_stats(bs));
+      if (!last_micro_)
+        for (std::size_t i = 0; i < tensors_.size(); ++i) to_fixed(i, first_micro_);
+      ++done;
+    }
+    counters_.write(r, {nonempty, bad, 0});
+    timed_finish();
+  }
+
+  // The normal mode's micro-steps: the model writes (or adds) its gradients straight into the
+  // reducer's buckets, which are reduced as they fill on the last micro-batch (no_sync before it).
+  void micro_steps(stats& s, std::uint64_t& bad) {
+    auto& r = *r_;
+    std::uint64_t contributed = 0;
+    const std::size_t k = micro_n_;
+    for (std::size_t m = 0; m < k; ++m) {
+      const bool last = m + 1 == k;
+      std::optional<typename reducer<Group, trainer_hook>::sync_guard> quiet;
+      if (!last) (void)quiet.emplace(r.no_sync());  // (void): nvcc flags the discarded nodiscard reference
+      check_overflow_ = scaler_.on() && last;
+      if (rows_of(micro_[m]) == 0) {  // all padding (streamed records): no contribution
+        if (contributed == 0) r.zero_grad();  // (else: the earlier micro-batches' sum stays)
+        if (last) {
+          for (std::size_t i = 0; i < tensors_.size(); ++i) overflow_ |= check_overflow_ && !finite_gradient(i);
+          counters_.write(r, {contributed, bad, overflow_});
+          for (std::size_t i = 0; i < tensors_.size(); ++i) r.mark_ready(i);
+        }
+        timed_finish();
+        continue;
+      }
+      auto gs = typed_grads_ ? [&] {
+        for (std::size_t i = 0; i < tensors_.size(); ++i)
+          typed_views_[i] = {r.gradient_data(i), sizes_[i], mw_.gradient_type(i)};
+        return gradients(std::span<const grad_view>(typed_views_), contributed > 0, &on_ready, this,
+                         static_cast<float>(scaler_.scale()));
+      }()
+                             : [&] {
+                                 for (std::size_t i = 0; i < tensors_.size(); ++i)
+                                   views_[i] = r.template gradient<float>(i);
+                                 return gradients(std::span<const std::span<float>>(views_), contributed > 0,
+                                                  &on_ready, this);
+                               }();
+      auto bs = [&] {
+        auto span = traced("backward");
+        return m_.forward_backward(std::as_const(micro_[m]), gs);
+      }();
+      bad |= !std::isfinite(bs.loss_sum);
+      ms_.merge(s, as_stats(bs));
+      ++contributed;
+      if (last) counters_.write(r, {contributed, bad, overflow_});
+      timed_finish();
+    }
+  }
+
+  // Parameter i's float gradient (one shard's) into fixed point, assigned or added into the bucket.
   void to_fixed(std::size_t i, bool first) {
-    const auto v = fixed_->add(local_[i], r_->template gradient<std::int64_t>(i), first);
-    if (fixed_->in_range(v)) return;
+    const auto v = fixed_->convert(i, r_->template gradient<std::int64_t>(i), first);
+    if (fixed_->arithmetic().in_range(v)) return;
     const std::string why =
         v.not_finite ? "gradient of '" + tensors_[i].name + "' holds a NaN or an infinity (layer 1: the model's numbers)"
-                     : "gradient of '" + tensors_[i].name + "' reaches " + std::to_string(fixed_->magnitude(v)) +
+                     : "gradient of '" + tensors_[i].name + "' reaches " + std::to_string(fixed_->arithmetic().magnitude(v)) +
                            ", beyond deterministic mode's fixed-point range (lower trainer_options::fraction_bits)";
     abort_all(why);
     throw numerics_error(why, site("ddp step", step_ + 1));
-  }
-
-  // The trainer's three values (contributing micro-batches, ranks with a non-finite loss, ranks
-  // whose gradients overflowed under loss scaling): i64 buckets are summed, float ones averaged
-  // (averages of small integers: exact after x N and rounding).
-  struct step_counts {
-    std::uint64_t contributions = 0, bad = 0, overflow = 0;
-  };
-  void set_counts(std::uint64_t contributions, std::uint64_t bad, std::uint64_t overflow) {
-    if constexpr (on_device) {  // f32 (deterministic mode and ZeRO are refused on devices)
-      const float c[3] = {static_cast<float>(contributions), static_cast<float>(bad), static_cast<float>(overflow)};
-      r_->upload(r_->trailer_data(), c, sizeof c);
-      return;
-    }
-    auto put = [&](auto c) {
-      using T = typename decltype(c)::value_type;
-      c[0] = static_cast<T>(contributions);
-      c[1] = static_cast<T>(bad);
-      c[2] = static_cast<T>(overflow);
-    };
-    if (counts_type_ == dtype::i64) put(r_->template trailer<std::int64_t>());
-    else if (counts_type_ == dtype::f64) put(r_->template trailer<double>());
-    else put(r_->template trailer<float>());
-  }
-  step_counts counts() {
-    if (counts_type_ == dtype::i64) {
-      auto c = r_->template trailer<std::int64_t>();
-      return {static_cast<std::uint64_t>(c[0]), static_cast<std::uint64_t>(c[1]), static_cast<std::uint64_t>(c[2])};
-    }
-    double c[3] = {0, 0, 0};
-    if constexpr (on_device) {
-      float f[3] = {0.0f, 0.0f, 0.0f};
-      r_->download(f, r_->trailer_data(), sizeof f);
-      for (int k = 0; k < 3; ++k) c[k] = f[k];
-    } else if (counts_type_ == dtype::f64) {
-      auto t = r_->template trailer<double>();
-      for (int k = 0; k < 3; ++k) c[k] = t[static_cast<std::size_t>(k)];
-    } else {
-      auto t = r_->template trailer<float>();
-      for (int k = 0; k < 3; ++k) c[k] = t[static_cast<std::size_t>(k)];
-    }
-    const auto n = static_cast<double>(g_.size());
-    return {static_cast<std::uint64_t>(std::llround(c[0] * n)), static_cast<std::uint64_t>(std::llround(c[1] * n)),
-            static_cast<std::uint64_t>(std::llround(c[2] * n))};
   }
 
   // Loss scaling: `ranks` ranks saw a non-finite gradient this step; every rank gets the same
@@ -902,7 +863,7 @@ class trainer {
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       std::uint32_t bad = 0;
       if (o_.deterministic) {
-        for (float v : local_[i]) bad |= detail::not_finite(v);
+        bad = fixed_->not_finite(i);
       } else if constexpr (on_device) {
         scratch_.resize(tensors_[i].value.size());
         r_->download(scratch_.data(), r_->gradient_data(i), scratch_.size() * sizeof(float));
@@ -927,8 +888,8 @@ class trainer {
     std::size_t bad = tensors_.size();
     if (o_.deterministic) {
       for (std::size_t i = 0; i < tensors_.size(); ++i) {
-        fixed_->mean(r_->template gradient<std::int64_t>(i), avg_[i], contributions);
-        if (!opt_.step(i, mw_.optimizer_tensors()[i].value, avg_[i], 1.0f) && bad == tensors_.size()) bad = i;
+        const auto mean = fixed_->mean(i, r_->template gradient<std::int64_t>(i), contributions);
+        if (!opt_.step(i, mw_.optimizer_tensors()[i].value, mean, 1.0f) && bad == tensors_.size()) bad = i;
       }
     } else {
       // The buckets hold sum / N of the ranks' micro-batch means (x the loss scale): x N /
@@ -965,9 +926,8 @@ class trainer {
         [&](const typename zero1<O>::piece& pc) -> std::span<const float> {
           if (!o_.deterministic && mw_.gradient_type(pc.param) != dtype::f32) return widened_gradient(pc.param, pc.offset, pc.count);
           if (!o_.deterministic) return r_->template gradient<float>(pc.param).subspan(pc.offset, pc.count);
-          auto a = std::span<float>(avg_[pc.param]).subspan(pc.offset, pc.count);
-          fixed_->mean(r_->template gradient<std::int64_t>(pc.param).subspan(pc.offset, pc.count), a, contributions);
-          return a;
+          return fixed_->mean(pc.param, r_->template gradient<std::int64_t>(pc.param).subspan(pc.offset, pc.count),
+                              contributions, pc.offset);
         },
         o_.deterministic ? 1.0f : scale);
     opt_s_ += seconds(t0, clk::now());
@@ -1326,7 +1286,6 @@ class trainer {
   std::unique_ptr<timeline> tl_;  // before r_: the reducer records into it until it is destroyed
   std::optional<reducer<Group, trainer_hook>> r_;
   std::vector<std::span<float>> views_;
-  std::vector<std::vector<float>> local_, avg_;  // deterministic: one shard's gradients; the averaged ones
   std::vector<batch_type> micro_;  // the first micro_n_ are this step's
   std::size_t micro_n_ = 0;
   std::optional<distributed_sampler> sampler_;  // an indexed model's
@@ -1339,13 +1298,13 @@ class trainer {
   std::vector<std::uint64_t> hashes_, all_hashes_;
   std::uint64_t step_ = 0, epoch_ = 0, resumed_step_ = 0, test_size_ = 0, last_samples_ = 0;
   double comm_s_ = 0.0, eval_total_ = 0.0, opt_s_ = 0.0;
-  dtype counts_type_ = dtype::f32;
+  step_counters<on_device> counters_;  // the trainer's counts in the reducer's trailer
   std::optional<zero1<O>> zero_;      // ZeRO-1: the optimizer, sharded
   mutable std::vector<float> scratch_;  // device groups: a tensor copied to the host (hashes, checks)
   bool first_micro_ = false, last_micro_ = false, local_bad_ = false;
   metric_set ms_;
   trainer_options::goal target_;
-  std::optional<fixed_point> fixed_;     // deterministic mode's arithmetic
+  std::optional<fixed_point_gradients> fixed_;  // deterministic mode's gradients and arithmetic
   // Mixed precision (precision.hpp): the master weights and each gradient's type, loss scaling,
   // the typed gradient views (16-bit buckets, or a loss scale to hand the model).
   master_weights mw_;
