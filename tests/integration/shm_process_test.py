@@ -8,6 +8,7 @@ sweep_kftrun / sweep_mpirun: the correctness sweep under each launcher.
 kill: 3 ranks started by hand, rank 1 kills itself during an allreduce; the others must fail
       with an error naming it within seconds, and /dev/shm must hold nothing of the job.
 mismatch: rank 0 broadcasts while rank 1 allreduces; both must report the mismatch.
+shrink: 4 ranks by hand, rank 2 kills itself; the other three shrink the group and go on.
 """
 import os
 import socket
@@ -122,6 +123,24 @@ def main():
             expect("rank 1 (pid" in err and "died during #" in err,
                    f"rank {r}'s error names the dead rank (seen by liveness, not the 60 s deadline)", err)
         expect(took < 15, f"the survivors gave up within seconds ({took:.1f} s; deadline 60 s)")
+        expect(not shm_entries(), "no segment left", shm_entries())
+    elif SCENARIO == "shrink":
+        # 4 ranks by hand (rank 0 hosts the store); rank 2 dies: the other three agree on
+        # ranks 0,1,3 and go on as ranks 0,1,2 of a 3-rank group, no process restarted.
+        procs = by_hand(4, "shrink")
+        results = [p.communicate(timeout=120) for p in procs]
+        expect(procs[2].returncode == -9, "rank 2 died by SIGKILL", procs[2].returncode, results[2][1])
+        lines = []
+        for r, new in ((0, 0), (1, 1), (3, 2)):
+            out, err = results[r]
+            expect(procs[r].returncode == 0, f"rank {r} went on in the smaller group", procs[r].returncode, err[-3000:])
+            expect("rank 2 (pid" in err and "died during #" in err, f"rank {r} first saw the death named", err[-2000:])
+            line = [x for x in out.splitlines() if x.startswith("shm_worker shrink:")]
+            expect(len(line) == 1 and f"rank {r} -> {new} of 3 (members 0,1,3, lost 2, generation 1)" in line[0],
+                   f"rank {r} is rank {new} of the survivors 0,1,3", out)
+            lines.append(line[0])
+        for x in lines:
+            print(x)  # the measured times: error and new group after the death
         expect(not shm_entries(), "no segment left", shm_entries())
     elif SCENARIO == "mismatch":
         procs = by_hand(2, "mismatch")

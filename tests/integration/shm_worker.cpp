@@ -10,8 +10,13 @@
 //              10 ms into it: the survivors must see the death in a later phase of that call
 //              (exit 3), not run into the 60 s deadline
 //   mismatch   rank 0 broadcasts 4096 floats while rank 1 allreduces 1048576: mismatch_error, exit 4
+//   shrink     allreduce in a loop; rank 2 notes the time in the store and kills itself at
+//              iteration 20; the survivors catch the remote_error, shrink (group/shrink.hpp) and
+//              check an allreduce and a broadcast in the smaller group; each prints its membership
+//              and how long after the death it had the error and the new group; exit 0
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -21,6 +26,7 @@
 
 #include <kft/init.hpp>
 #include <kft/kft.hpp>
+#include <kft/group/shrink.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
 using namespace std::chrono_literals;
@@ -134,6 +140,45 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "rank %d: %s\n", me.rank, e.what());
         status = 5;
       }
+    } else if (mode == "shrink") {
+      using clk = std::chrono::steady_clock;  // CLOCK_MONOTONIC: one clock for the processes of a machine
+      auto ns = [](clk::time_point t) { return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count(); };
+      std::vector<float> buf(1 << 16, 1.0f);
+      std::optional<clk::time_point> failed_at;
+      try {
+        for (int it = 0; it < 100000; ++it) {
+          if (me.rank == 2 && it == 20) {
+            job->store()->set("shrink-test/killed-at", std::to_string(ns(clk::now())));
+            ::raise(SIGKILL);
+          }
+          comm.allreduce(std::span<float>(buf), kft::ops::sum);
+        }
+      } catch (const kft::remote_error& e) {
+        failed_at = clk::now();
+        std::fprintf(stderr, "rank %d: %s\n", me.rank, e.what());
+      }
+      check(failed_at.has_value(), "the loop ended without the remote_error");
+      auto next = kft::group::shrink(comm, job->store());
+      const auto shrunk_at = clk::now();
+      const auto& m = next.members;
+      check(next.comm.rank() == m.rank && next.comm.size() == m.size(), "the new communicator's place");
+      // The new group works: a sum over the survivors (old rank + 1 each) and a broadcast from its last rank.
+      std::vector<float> v(4099, static_cast<float>(me.rank + 1));
+      next.comm.allreduce(std::span<float>(v), kft::ops::sum);
+      float want = 0.0f;
+      for (int r : m.members) want += static_cast<float>(r + 1);
+      for (float x : v) check(x == want, "allreduce over the survivors");
+      std::vector<float> b(1000, m.rank == m.size() - 1 ? 7.0f : 0.0f);
+      next.comm.broadcast(std::span<float>(b), m.size() - 1);
+      for (float x : b) check(x == 7.0f, "broadcast in the shrunk group");
+      next.comm.barrier();
+      const auto killed = std::stoll(job->store()->get("shrink-test/killed-at", 10s));
+      std::printf("shm_worker shrink: rank %d -> %d of %d (members %s, lost %d, generation %llu); error %.0f ms, "
+                  "new group %.0f ms after the death\n",
+                  me.rank, m.rank, m.size(), m.describe().c_str(), m.lost().empty() ? -1 : m.lost()[0],
+                  static_cast<unsigned long long>(m.generation), static_cast<double>(ns(*failed_at) - killed) / 1e6,
+                  static_cast<double>(ns(shrunk_at) - killed) / 1e6);
+      comm = std::move(next.comm);
     } else if (mode == "mismatch") {
       std::vector<float> big(1048576), small(4096);
       comm.barrier();

@@ -18,6 +18,7 @@
 
 #include <kft/async/engine.hpp>
 #include <kft/group/factory.hpp>
+#include <kft/group/shrink.hpp>
 #include <kft/rendezvous/memory_store.hpp>
 
 using namespace std::chrono_literals;
@@ -456,4 +457,105 @@ BOOST_AUTO_TEST_CASE(a_wait_has_a_deadline) {
   BOOST_TEST(s < 3.0);  // 100 ms + 1 s of grace, not forever
   BOOST_TEST(!kft::async::work{}.valid());
   BOOST_TEST(kft::async::work{}.test());
+}
+
+// ---- shrinking: the survivors' agreement (group/shrink.hpp) ---------------------------------
+// Ranks are threads over one memory store; a "lost" rank is one that never arrives. Results
+// are collected and checked on the main thread.
+
+namespace {
+struct agreed {
+  std::vector<int> members;
+  int rank = -1;
+  std::string error;
+  double ms = 0.0;
+};
+std::vector<agreed> agree(kft::rendezvous::store& s, int size, const std::vector<int>& arrive,
+                          const std::vector<int>& known_lost, const std::vector<int>& delay_ms,
+                          kft::group::shrink_options o) {
+  std::vector<agreed> out(arrive.size());
+  std::vector<std::thread> ts;
+  for (std::size_t k = 0; k < arrive.size(); ++k)
+    ts.emplace_back([&, k] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms[k]));
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        auto m = kft::group::agree_on_survivors(s, "test", 1, arrive[k], size, known_lost, o);
+        out[k].members = m.members;
+        out[k].rank = m.rank;
+      } catch (const kft::error& e) {
+        out[k].error = e.what();
+      }
+      out[k].ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    });
+  for (auto& t : ts) t.join();
+  return out;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(survivors_that_know_who_is_gone_agree_without_waiting_out_the_window) {
+  kft::rendezvous::memory_store s;
+  // Rank 2 of 4 is gone and every survivor knows it: the decision comes when the third arrives.
+  const auto r = agree(s, 4, {0, 1, 3}, {2}, {0, 5, 10}, {.window = std::chrono::milliseconds(20000)});
+  for (std::size_t k = 0; k < r.size(); ++k) {
+    BOOST_TEST(r[k].error == "");
+    BOOST_TEST(r[k].members == (std::vector<int>{0, 1, 3}), boost::test_tools::per_element());
+    BOOST_TEST(r[k].rank == static_cast<int>(k));
+    BOOST_TEST(r[k].ms < 10000.0);  // not the 20 s window
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_nobody_knew_was_gone_is_left_out_after_the_window) {
+  kft::rendezvous::memory_store s;
+  // Only rank 3 is known gone, but rank 1 never comes either: the window decides.
+  const auto r = agree(s, 4, {0, 2}, {3}, {0, 0}, {.window = std::chrono::milliseconds(200)});
+  for (const auto& a : r) {
+    BOOST_TEST(a.error == "");
+    BOOST_TEST(a.members == (std::vector<int>{0, 2}), boost::test_tools::per_element());
+  }
+  BOOST_TEST(r[0].rank == 0);
+  BOOST_TEST(r[1].rank == 1);
+  BOOST_TEST(r[0].ms >= 150.0);  // it did wait for rank 1
+}
+
+BOOST_AUTO_TEST_CASE(a_survivor_arriving_after_the_decision_is_told_it_is_out) {
+  kft::rendezvous::memory_store s;
+  // Ranks 0 and 1 believe 2 and 3 are gone and decide at once; rank 3 comes 300 ms later: one
+  // membership, and rank 3 is told so by name, never a second job.
+  const auto r = agree(s, 4, {0, 1, 3}, {2, 3}, {0, 0, 300}, {.window = std::chrono::milliseconds(100)});
+  BOOST_TEST(r[0].members == (std::vector<int>{0, 1}), boost::test_tools::per_element());
+  BOOST_TEST(r[1].members == (std::vector<int>{0, 1}), boost::test_tools::per_element());
+  BOOST_TEST(r[2].members.empty());
+  BOOST_TEST(r[2].error.find("rank 3 of 4") != std::string::npos, r[2].error);
+  BOOST_TEST(r[2].error.find("agreed on ranks 0,1") != std::string::npos, r[2].error);
+}
+
+BOOST_AUTO_TEST_CASE(survivors_with_different_views_still_read_one_decision) {
+  // 8 ranks, 2 gone; each survivor "knows" a different set (some nothing, some too much): every
+  // survivor that got a membership got the same one, and everyone who arrived before it is in it.
+  for (int round = 0; round < 20; ++round) {
+    kft::rendezvous::memory_store s;
+    const std::vector<int> arrive{0, 1, 2, 4, 5, 7};
+    const std::vector<int> known = round % 2 ? std::vector<int>{3, 6} : std::vector<int>{3, 6, 1, 7};
+    std::vector<int> delays;
+    for (std::size_t k = 0; k < arrive.size(); ++k) delays.push_back(static_cast<int>((k * 7 + round) % 5));
+    const auto r = agree(s, 8, arrive, known, delays, {.window = std::chrono::milliseconds(50)});
+    std::vector<int> first;
+    for (const auto& a : r)
+      if (a.error.empty()) {
+        if (first.empty()) first = a.members;
+        BOOST_TEST(a.members == first, boost::test_tools::per_element());
+      } else {
+        BOOST_TEST(a.error.find("was left out") != std::string::npos, a.error);
+      }
+    BOOST_TEST(!first.empty());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bad_arguments_to_the_agreement_are_refused) {
+  kft::rendezvous::memory_store s;
+  BOOST_CHECK_THROW(kft::group::agree_on_survivors(s, "x", 1, 4, 4, {}), kft::usage_error);
+  BOOST_CHECK_THROW(kft::group::agree_on_survivors(s, "x", 0, 0, 4, {}), kft::usage_error);
+  s.set("shrink/y/g1/members", "0,zero");
+  BOOST_CHECK_THROW(kft::group::agree_on_survivors(s, "y", 1, 0, 2, {}), kft::group::membership_error);
 }

@@ -25,6 +25,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 #include <string_view>
 #include <utility>
 
@@ -84,6 +85,15 @@ class communicator : public typed_collectives<communicator> {
   /// @brief Calls issued so far (the next call's sequence number is this + 1).
   std::uint64_t sequence() const noexcept { return issued_; }
   const config& configuration() const noexcept { return s_->cfg; }
+  /// @brief The ranks whose processes are gone (exited, killed, zombies), as this rank sees
+  /// them now: after a call failed with a remote_error, the ranks a shrink leaves out
+  /// (group/shrink.hpp). Only peers in this rank's pid namespace can be seen.
+  std::vector<int> lost_ranks() const {
+    std::vector<int> out;
+    for (int r = 0; r < s_->p; ++r)
+      if (r != s_->me && !s_->alive(r)) out.push_back(r);
+    return out;
+  }
   /// @brief The CPU this rank's progress thread is bound to (`config::bind_progress_thread`),
   /// or -1: not bound, or not started (it starts with the first asynchronous call).
   int progress_cpu() const noexcept { return engine_ ? engine_->worker_cpu() : -1; }

@@ -9,6 +9,7 @@
 #include <bit>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 
@@ -56,6 +57,9 @@ struct config {
   std::size_t copy_streaming_bytes = 16u << 10;
   std::chrono::milliseconds timeout = default_job_timeout;  ///< default deadline of every wait (the groups apply KFT_TIMEOUT)
   std::string name = "kft";                  ///< goes into the segment's name (e.g. the run id)
+  /// How many times this group has shrunk (group/shrink.hpp): 0 for a group as the job built
+  /// it; the survivors of generation g build g + 1 under keys of their own.
+  std::uint64_t generation = 0;
   group_identity identity{};                 ///< where this node's group sits in the job (messages)
   /// What algo::automatic runs, by size (tuning.hpp), first matching row first; a machine measured
   /// differently brings its own rows (`KFT_SHM_TUNING`, written by `bench/scripts/tune_shm.py`; `keep_table`).

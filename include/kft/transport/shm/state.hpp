@@ -116,7 +116,8 @@ struct state {
     const std::size_t total = regions_off + region_stride * static_cast<std::size_t>(p - 1) + region_bytes;
 
     // One segment per communicator instance: ranks that build several get matching keys.
-    const std::string scope = "shm/" + cfg.name + "/";
+    // A shrunk group (group/shrink.hpp) meets under its generation: its ranks are renumbered.
+    const std::string scope = "shm/" + cfg.name + (cfg.generation ? "/g" + std::to_string(cfg.generation) : "") + "/";
     const auto instance = store.add(scope + "instances/" + std::to_string(me), 1);
     const std::string key = scope + std::to_string(instance) + "/segment";
     seg = segment(store, key, me, p, total, cfg.name, cfg.timeout);
