@@ -328,9 +328,18 @@ def bad_input():
         # Found by fuzz.kftrun_args: seconds that overflow (undefined behaviour) or round to 0 ms.
         (["--rdzv-timeout", "1e300", "--", "true"], {}, "--rdzv-timeout"),
         (["--rdzv-timeout", "0.0000001", "--", "true"], {}, "--rdzv-timeout"),
+        (["--on-failure", "retry", "--", "true"], {}, "--on-failure"),
+        (["--nnodes", "2", "--on-failure", "continue", "--", "true"], {"KFT_RDZV_TOKEN": "t"},
+         '--on-failure="continue" keeps the survivors of one node for now'),
     ]:
         p, _ = run(args, **extra)
         expect(p.returncode == 2 and text in p.stderr, f"refused with exit 2: {' '.join(args)}", p.returncode, p.stderr)
+    # --on-failure continue, when no worker is left: the job fails as before, named after the first one lost.
+    p, _ = run(["--nproc-per-node", "2", "--on-failure", "continue", "--", "sh", "-c",
+                'if [ "$RANK" = 1 ]; then kill -9 $$; fi; sleep 0.3; echo "on_failure=$KFT_ON_FAILURE"; exit 4'])
+    expect(p.returncode == 3 and "rank 1 (local rank 1) was killed by signal 9" in p.stderr and
+           "the other workers go on" in p.stderr and "on_failure=continue" in p.stdout,
+           "--on-failure continue with nobody left: exit 3 (rank lost), naming rank 1", p.returncode, p.stdout, p.stderr)
     p, _ = run(["--nproc-per-node", "1", "--", "/nonexistent/program" + MARK])
     expect(p.returncode == 127 and "could not start \"/nonexistent/program" in p.stderr and
            "No such file or directory" in p.stderr, "a program that cannot start: exit 127 and why", p.returncode,

@@ -9,6 +9,8 @@ kill: 3 ranks started by hand, rank 1 kills itself during an allreduce; the othe
       with an error naming it within seconds, and /dev/shm must hold nothing of the job.
 mismatch: rank 0 broadcasts while rank 1 allreduces; both must report the mismatch.
 shrink: 4 ranks by hand, rank 2 kills itself; the other three shrink the group and go on.
+shrink_kftrun: the same under kftrun --on-failure continue, rank 0 lost (the store is kftrun's);
+      then a process group shrunk in place.
 """
 import os
 import socket
@@ -141,6 +143,33 @@ def main():
             lines.append(line[0])
         for x in lines:
             print(x)  # the measured times: error and new group after the death
+        expect(not shm_entries(), "no segment left", shm_entries())
+    elif SCENARIO == "shrink_kftrun":
+        # Under kftrun --on-failure continue the store lives in kftrun, so rank 0 may die: ranks
+        # 1,2,3 become 0,1,2 of 3, and kftrun exits 0 naming the lost rank.
+        p = subprocess.run([KFTRUN, "--nproc-per-node", "4", "--on-failure", "continue", "--", WORKER, "shrink", "0"],
+                           capture_output=True, text=True, timeout=120)
+        expect(p.returncode == 0, "kftrun exits 0: every worker left finished", p.returncode, p.stderr[-3000:])
+        expect("rank 0 (local rank 0) was killed by signal 9" in p.stderr and "the other workers go on" in p.stderr,
+               "kftrun says rank 0 was lost and the others go on", p.stderr[-3000:])
+        expect("lost on the way: rank(s) 0" in p.stderr, "and names it again at the end", p.stderr[-3000:])
+        lines = [x for x in p.stdout.splitlines() if "shm_worker shrink:" in x]
+        for r, new in ((1, 0), (2, 1), (3, 2)):
+            expect(any(f"rank {r} -> {new} of 3 (members 1,2,3, lost 0, generation 1)" in x for x in lines),
+                   f"rank {r} is rank {new} of the survivors 1,2,3", p.stdout[-3000:])
+        for x in lines:
+            print(x)
+        # Through a process group shrunk in place (as the trainer holds one), rank 3 lost.
+        p = subprocess.run([KFTRUN, "--nproc-per-node", "3", "--on-failure", "continue", "--", WORKER, "shrink_group",
+                            "2"], capture_output=True, text=True, timeout=120)
+        expect(p.returncode == 0, "a process group shrinks in place", p.returncode, p.stderr[-3000:])
+        for r, new in ((0, 0), (1, 1)):
+            expect(f"shrink_group: rank {r} -> {new} of 2 (members 0,1); shared memory: 1 node x 3 ranks (shrunk to 2 "
+                   f"of 3 ranks: 0,1, generation 1)" in p.stdout, f"rank {r} holds the shrunk group", p.stdout[-3000:])
+        # Without --on-failure continue, the same loss stops the job (the default is unchanged).
+        p = subprocess.run([KFTRUN, "--nproc-per-node", "3", "--", WORKER, "shrink", "1"],
+                           capture_output=True, text=True, timeout=120)
+        expect(p.returncode == 3, "by default a lost worker stops the job (rank lost: 3)", p.returncode, p.stderr[-3000:])
         expect(not shm_entries(), "no segment left", shm_entries())
     elif SCENARIO == "mismatch":
         procs = by_hand(2, "mismatch")

@@ -10,7 +10,7 @@
 //              10 ms into it: the survivors must see the death in a later phase of that call
 //              (exit 3), not run into the 60 s deadline
 //   mismatch   rank 0 broadcasts 4096 floats while rank 1 allreduces 1048576: mismatch_error, exit 4
-//   shrink     allreduce in a loop; rank 2 notes the time in the store and kills itself at
+//   shrink [R] allreduce in a loop; rank R (2) notes the time in the store and kills itself at
 //              iteration 20; the survivors catch the remote_error, shrink (group/shrink.hpp) and
 //              check an allreduce and a broadcast in the smaller group; each prints its membership
 //              and how long after the death it had the error and the new group; exit 0
@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 
 #include <kft/init.hpp>
 #include <kft/kft.hpp>
+#include <kft/group/factory.hpp>
 #include <kft/group/shrink.hpp>
 #include <kft/transport/shm/communicator.hpp>
 
@@ -144,10 +146,11 @@ int main(int argc, char** argv) {
       using clk = std::chrono::steady_clock;  // CLOCK_MONOTONIC: one clock for the processes of a machine
       auto ns = [](clk::time_point t) { return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count(); };
       std::vector<float> buf(1 << 16, 1.0f);
+      const int victim = argc > 2 ? std::atoi(argv[2]) : 2;  // the rank that dies (its store must live on)
       std::optional<clk::time_point> failed_at;
       try {
         for (int it = 0; it < 100000; ++it) {
-          if (me.rank == 2 && it == 20) {
+          if (me.rank == victim && it == 20) {
             job->store()->set("shrink-test/killed-at", std::to_string(ns(clk::now())));
             ::raise(SIGKILL);
           }
@@ -179,6 +182,33 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(m.generation), static_cast<double>(ns(*failed_at) - killed) / 1e6,
                   static_cast<double>(ns(shrunk_at) - killed) / 1e6);
       comm = std::move(next.comm);
+    } else if (mode == "shrink_group") {
+      // The same through a process group, shrunk in place: a reference to it (as a trainer or a
+      // reducer holds) stays valid. Rank R (argv[2]) dies at iteration 20.
+      const int victim = argc > 2 ? std::atoi(argv[2]) : 2;
+      kft::group::process_group pg = kft::group::make_process_group(me, job->store());
+      kft::group::process_group& held = pg;
+      std::vector<float> buf(1 << 16, 1.0f);
+      bool failed = false;
+      try {
+        for (int it = 0; it < 100000; ++it) {
+          if (me.rank == victim && it == 20) ::raise(SIGKILL);
+          held.allreduce(std::span<float>(buf), kft::ops::sum);
+        }
+      } catch (const kft::remote_error& e) {
+        failed = true;
+        std::fprintf(stderr, "rank %d: %s\n", me.rank, e.what());
+      }
+      check(failed, "the loop ended without the remote_error");
+      const auto m = pg.shrink(job->store());
+      check(held.rank() == m.rank && held.size() == m.size(), "the held reference sees the shrunk group");
+      std::vector<float> v(100000, static_cast<float>(me.rank + 1));
+      held.allreduce(std::span<float>(v), kft::ops::sum);
+      float want = 0.0f;
+      for (int r : m.members) want += static_cast<float>(r + 1);
+      for (float x : v) check(x == want, "allreduce over the survivors through the process group");
+      std::printf("shm_worker shrink_group: rank %d -> %d of %d (members %s); %s\n", me.rank, held.rank(), held.size(),
+                  m.describe().c_str(), held.description().c_str());
     } else if (mode == "mismatch") {
       std::vector<float> big(1048576), small(4096);
       comm.barrier();

@@ -66,6 +66,9 @@ struct options {
   // After a worker failed (or a node is gone): how long the other workers may still exit by
   // themselves, printing their own errors, before they are signalled (stop_workers).
   std::chrono::milliseconds exit_grace = 1s;
+  // --on-failure continue: a failed worker is logged as lost and the others go on (they may
+  // shrink their group); the job succeeds when every worker left exits 0 (one node).
+  bool keep_going = false;
   std::string token;
   std::vector<std::string> program;  // argv
   std::vector<std::string> cpusets;  // per local rank (--bind); empty = no binding
@@ -536,6 +539,7 @@ class agent {
     oo.to_console = !opt_.log_dir || opt_.tee;
     oo.dir = opt_.log_dir;
     worker_group group(opt_.program, oo);
+    lost_.clear();
     const auto attempt_dir =
         opt_.log_dir ? *opt_.log_dir / opt_.run_id / ("attempt_" + std::to_string(attempt)) : std::filesystem::path();
     for (int l = 0; l < opt_.nproc_per_node; ++l)
@@ -576,12 +580,20 @@ class agent {
       for (const auto& e : exits) {
         if (e.code == 0) continue;
         const auto& why = group.start_error_of(e.rank);
-        report_failure(attempt, failure::make({{"rank", std::to_string(e.rank)},
-                                               {"local_rank", std::to_string(e.local_rank)},
+        if (opt_.keep_going && why.empty() && group.any_succeeded_or_running()) {
+          lost_.push_back(e);
+          log(kft::log::level::warn, "rank " + std::to_string(e.rank) + " (local rank " + std::to_string(e.local_rank) +
+                                         ") " + e.describe() + "; the other workers go on (--on-failure continue)");
+          continue;
+        }
+        // (--on-failure continue and no worker left: the first one lost is the cause.)
+        const exit_info& cause = lost_.empty() ? e : lost_.front();
+        report_failure(attempt, failure::make({{"rank", std::to_string(cause.rank)},
+                                               {"local_rank", std::to_string(cause.local_rank)},
                                                {"node", std::to_string(opt_.node_rank)},
                                                {"host", host_},
-                                               {"code", std::to_string(worker_failure_class(e, !why.empty()))},
-                                               {"what", why.empty() ? e.describe() : why}}));
+                                               {"code", std::to_string(worker_failure_class(cause, !why.empty()))},
+                                               {"what", why.empty() ? cause.describe() : why}}));
       }
       if (const int sig = g_signal.load()) {
         report_failure(attempt, failure::make({{"node", std::to_string(opt_.node_rank)},
@@ -605,7 +617,13 @@ class agent {
                                               : describe(rec);
           return out;
         }
-        if (!reported_done && group.all_succeeded()) {
+        if (!reported_done && (opt_.keep_going ? group.all_exited() : group.all_succeeded())) {
+          if (!lost_.empty()) {
+            std::string ranks;
+            for (const auto& l : lost_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(l.rank);
+            log(kft::log::level::info, "the workers left finished; lost on the way: rank(s) " + ranks +
+                                           " (--on-failure continue)");
+          }
           store_->set(key(attempt, "done/" + std::to_string(opt_.node_rank)), "1");
           reported_done = true;
         }
@@ -844,6 +862,7 @@ class agent {
     set("KFT_RDZV_TOKEN", opt_.token);
     const auto ms = opt_.job_timeout.count();
     set("KFT_TIMEOUT", ms % 1000 == 0 ? std::to_string(ms / 1000) + "s" : std::to_string(ms) + "ms");
+    set("KFT_ON_FAILURE", opt_.keep_going ? "continue" : "stop");  // whether a program may shrink and go on
     std::vector<std::string> out;
     for (const auto& [k, v] : env) out.push_back(k + "=" + v);
     return out;
@@ -851,6 +870,7 @@ class agent {
 
   options opt_;
   std::string host_;
+  std::vector<exit_info> lost_;  // --on-failure continue: this round's workers lost, in order
   std::shared_ptr<rdzv::store> store_;
   std::shared_ptr<rdzv::tcp_store> client_;  // store_'s connection (for set_owned)
   std::string prefix_;                       // store_'s prefix

@@ -167,6 +167,12 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
                  "after a worker fails, seconds the others may still exit by themselves (and print their errors) "
                  "before they are stopped; 0: stop them at once")
       ->envname("KFT_EXIT_GRACE")->check(CLI::Range(0.0, 3600.0))->capture_default_str();
+  std::string on_failure = "stop";
+  app.add_option("--on-failure", on_failure,
+                 "when a worker fails: stop (stop every worker; restart them all while --max-restarts allows) or "
+                 "continue (the others go on: a program that shrinks its group, kft/group/shrink.hpp, finishes "
+                 "without the lost ranks; the job succeeds when every worker left exits 0)")
+      ->envname("KFT_ON_FAILURE")->check(CLI::IsMember({"stop", "continue"}))->capture_default_str();
   app.add_flag("--standalone", standalone, "single node, any free port (the default when --nnodes is 1)");
   app.add_option("program", o.program, "the program and its arguments (after --)")->required();
   app.positionals_at_end();
@@ -193,6 +199,11 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
     o.heartbeat_timeout = heartbeat ? std::chrono::milliseconds(static_cast<long long>(*heartbeat * 1000)) : derived.heartbeat;
     o.term_grace = std::chrono::milliseconds(static_cast<long long>(grace * 1000));
     o.exit_grace = std::chrono::milliseconds(static_cast<long long>(exit_grace * 1000));
+    o.keep_going = on_failure == "continue";
+    if (o.keep_going && (o.nnodes != 1 || o.elastic))
+      throw kft::config_error("--on-failure", on_failure,
+                              "keeps the survivors of one node for now (--nnodes=" + nnodes +
+                                  "): across nodes a lost worker still stops the round");
     if (!log_dir.empty()) o.log_dir = log_dir;
     o.cpusets = plan_bindings(bind, o.nproc_per_node);
     if (const char* t = std::getenv("KFT_RDZV_TOKEN"); t != nullptr && *t != '\0') {

@@ -200,6 +200,12 @@ class worker_group {
       if (!w.exited || w.result.code != 0) return false;
     return true;
   }
+  /// True while some worker runs or has exited 0 (--on-failure continue: someone goes on).
+  bool any_succeeded_or_running() const {
+    for (const auto& w : workers_)
+      if (!w.exited || w.result.code == 0) return true;
+    return false;
+  }
   bool empty() const { return workers_.empty(); }
   const std::string& start_error_of(int rank) const {
     static const std::string none;

@@ -21,6 +21,7 @@
 #include <utility>
 
 #include <kft/async/work.hpp>
+#include <kft/group/shrink.hpp>
 #include <kft/transport/concepts.hpp>
 #include <kft/transport/typed_collectives.hpp>
 
@@ -93,6 +94,19 @@ class process_group : public typed_collectives<process_group> {
     if (impl_) impl_->abort(reason);
   }
 
+  /// @brief Collective over the survivors, after a call failed because ranks died (a
+  /// `remote_error`): they agree through `store` on who is left (group/shrink.hpp) and this
+  /// group becomes the smaller one in place, so whoever holds a reference to it keeps a working
+  /// group; its rank and size change. A node's shared-memory group can shrink; a group across
+  /// nodes (MPI, Gloo) cannot yet and throws `membership_error` saying so, unchanged (the job
+  /// falls back to a restart).
+  membership shrink(std::shared_ptr<rendezvous::store> store, const shrink_options& o = {}) {
+    auto m = impl_->shrink(std::move(store), o, what_);
+    what_ += " (shrunk to " + std::to_string(m.size()) + " of " + std::to_string(m.old_size) + " ranks: " +
+             m.describe() + ", generation " + std::to_string(m.generation) + ")";
+    return m;
+  }
+
   /// @brief A buffer inside the communicator's shared memory, where its collectives read it in
   /// place (the shm transport's pool); nullptr when it has none or no room. Collective: every
   /// rank asks for the same sizes in the same order.
@@ -117,6 +131,7 @@ class process_group : public typed_collectives<process_group> {
     virtual async::work barrier_async(const options&) = 0;
     virtual void abort(std::string_view) noexcept = 0;
     virtual void* allocate_shared(std::size_t) = 0;
+    virtual membership shrink(std::shared_ptr<rendezvous::store>, const shrink_options&, const std::string& what) = 0;
   };
 
   // A backend's own work handle becomes async::work (it already is one for kft's transports).
@@ -169,6 +184,19 @@ class process_group : public typed_collectives<process_group> {
     }
     async::work barrier_async(const options& x) override { return as_work(c->barrier_async(x)); }
     void abort(std::string_view why) noexcept override { c->abort(why); }
+    membership shrink(std::shared_ptr<rendezvous::store> store, const shrink_options& o,
+                      const std::string& what) override {
+      if constexpr (std::same_as<C, shm::communicator>) {
+        auto next = group::shrink(*c, std::move(store), o);
+        c = std::make_unique<C>(std::move(next.comm));
+        return std::move(next.members);
+      } else {
+        throw membership_error("this group (" + what + ") cannot shrink: only a node's shared-memory group can "
+                                   "go on without a lost rank so far; restart the job (kftrun --max-restarts, a "
+                                   "checkpoint) instead",
+                               this->next_site(collective::barrier));
+      }
+    }
     void* allocate_shared(std::size_t bytes) override {
       if constexpr (requires { c->allocate_bytes(bytes); }) {
         try {
