@@ -620,7 +620,10 @@ class agent {
         if (!reported_done && (opt_.keep_going ? group.all_exited() : group.all_succeeded())) {
           if (!lost_.empty()) {
             std::string ranks;
-            for (const auto& l : lost_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(l.rank);
+            for (const auto& l : lost_) {
+              if (!ranks.empty()) ranks += ", ";
+              ranks += std::to_string(l.rank);
+            }
             log(kft::log::level::info, "the workers left finished; lost on the way: rank(s) " + ranks +
                                            " (--on-failure continue)");
           }

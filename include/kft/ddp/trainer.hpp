@@ -60,6 +60,7 @@
 #include <chrono>
 #include <cmath>
 #include <concepts>
+#include <limits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -157,6 +158,16 @@ struct trainer_options {
   double target_accuracy = 0.0;          ///< shorthand for target {"accuracy", value}
   bool stop_at_target = false;           ///< end fit() at the first evaluation that reaches the target
   reducer_options reducer{};
+  /// Going on without a lost rank (group/shrink.hpp; issue 46): with a store, fit() answers a
+  /// rank's death (a remote_error from the group) by shrinking the group (the survivors agree
+  /// through this store), rebuilding the reducer over it and agreeing on where training stands:
+  /// a step no survivor finished is redone, its global batch shared by the survivors (each
+  /// sample is still seen once per epoch); a step some survivor finished is taken from it.
+  /// Without a store the error ends fit() (a restart from a checkpoint). Needs a
+  /// process_group that can shrink (a node's shared memory), the same group for gradients and
+  /// control, no ZeRO; deterministic mode also needs micro_shards to stay a multiple of the size.
+  std::shared_ptr<rendezvous::store> shrink_store;
+  group::shrink_options shrink;
   /// ZeRO stage 1 (0: off): the optimizer state is sharded across the ranks. Gradients are
   /// reduce-scattered, each rank updates its slice of every bucket (parameters and optimizer
   /// state) and the parameters are allgathered: the bytes of one allreduce, 1/N of the
@@ -256,6 +267,7 @@ class trainer {
       throw usage_error("trainer: zero_stage = " + std::to_string(o_.zero_stage) + " (0: replicated optimizer state, "
                             "1: ZeRO stage 1)",
                         site("ddp trainer"));
+    if (o_.shrink_store) refuse_unshrinkable();
     set_up_metrics();
     console_.emplace(g_.rank(), g_.size(), o_.quiet, o_.log_json);
     observers_.push_back(&*console_);
@@ -288,6 +300,8 @@ class trainer {
       ro.bucket_multiple = static_cast<std::size_t>(g_.size());
       ro.find_unused_parameters = false;
     }
+    params_ = ps;
+    ro_ = ro;
     r_.emplace(g_, std::move(ps), ro, trainer_hook{o_.zero_stage == 1});
     if (typed_grads_) typed_views_.resize(tensors_.size());
     if (o_.zero_stage) {
@@ -478,10 +492,21 @@ class trainer {
       const std::uint64_t steps_in_epoch = (data.batches_left(o_.global_batch) + o_.accumulate - 1) / o_.accumulate;
       std::uint64_t k = 0;
       while (!stop) {
+        const auto position = data.state();  // (a few integers: where a redone step starts)
+        const std::uint64_t step_before = step_;
         if (!gather_micro_batches()) break;
-        for (const auto& mb : micro()) my_samples += rows_of(mb);
-        ms_.merge(es, run_step());
-        after_step();
+        try {
+          const stats st = run_step();
+          after_step();
+          for (const auto& mb : micro()) my_samples += rows_of(mb);
+          ms_.merge(es, st);
+        } catch (const remote_error& lost) {
+          if (!o_.shrink_store) throw;
+          if (!go_on_without_lost_ranks(lost, step_before)) {
+            data.restore(position);  // no survivor finished the step: all redo it, shares re-cut
+            continue;
+          }
+        }
         if (o_.on_step) o_.on_step(step_);
         ++k;
         sum.samples += last_samples_;
@@ -1010,21 +1035,92 @@ class trainer {
     if constexpr (!std::same_as<Group, Control>) c_.abort(why);
   }
 
+  // ---- going on without a lost rank (trainer_options::shrink_store) ----
+  void refuse_unshrinkable() const {
+    auto refuse = [&](const std::string& why) {
+      throw usage_error("trainer: trainer_options::shrink_store (going on without a lost rank) " + why,
+                        site("ddp trainer"));
+    };
+    if constexpr (!requires(Group& g) { g.shrink(o_.shrink_store, o_.shrink); })
+      refuse("needs a group that can shrink (kft::group::process_group)");
+    if (static_cast<const void*>(&g_) != static_cast<const void*>(&c_))
+      refuse("needs one group for the gradients and the control values");
+    if (o_.zero_stage) refuse("and ZeRO-1 (zero_stage = 1) together: a lost rank takes its shard of the state");
+    if constexpr (on_device) refuse("on a device group");
+  }
+
+  // A rank died during the step (`e`): shrink, rebuild the reducer, and agree on where training
+  // stands. True: some survivor finished the step (its state is everyone's now, go on); false:
+  // nobody did (redo it).
+  bool go_on_without_lost_ranks(const remote_error& e, std::uint64_t step_before) {
+    if constexpr (requires(Group& g) { g.shrink(o_.shrink_store, o_.shrink); }) {
+      const int before = g_.size();
+      r_.reset();  // its work on the failed group ends with the group's error
+      const auto m = g_.shrink(o_.shrink_store, o_.shrink);
+      const std::string who = "rank(s) " + [&] {
+        std::string t;
+        for (int r : m.lost()) {
+          if (!t.empty()) t += ',';
+          t += std::to_string(r);
+        }
+        return t;
+      }();
+      if (o_.deterministic && o_.micro_shards % static_cast<std::uint64_t>(m.size()) != 0)
+        throw usage_error("trainer: after losing " + who + ", deterministic mode cannot go on with " +
+                              std::to_string(m.size()) + " ranks: micro_shards (" + std::to_string(o_.micro_shards) +
+                              ") is not a multiple of it (restart from a checkpoint, or pick micro_shards with more "
+                              "divisors); the step's error was: " + e.what(),
+                          site("ddp shrink", step_ + 1));
+      r_.emplace(g_, params_, ro_, trainer_hook{false});
+      // Where training stands: a survivor may have finished the step (its last collective
+      // failed after the update), the others not.
+      auto lo = static_cast<std::int64_t>(step_), hi = lo;
+      g_.allreduce(&lo, &lo, 1, dtype::i64, op_kind::min, options{});
+      g_.allreduce(&hi, &hi, 1, dtype::i64, op_kind::max, options{});
+      if (lo != hi) {
+        // The lowest new rank among those that finished it gives its state to everyone.
+        std::int64_t src = static_cast<std::int64_t>(step_) == hi ? g_.rank() : std::numeric_limits<std::int64_t>::max();
+        g_.allreduce(&src, &src, 1, dtype::i64, op_kind::min, options{});
+        broadcast_state(static_cast<int>(src));
+        step_ = static_cast<std::uint64_t>(hi);
+      }
+      ++shrinks_;
+      const bool finished = static_cast<std::uint64_t>(hi) > step_before;
+      if (g_.rank() == 0)  // (also when quiet: the job changed shape)
+        std::fprintf(stderr,
+                     "kft: step %llu: lost %s of %d (%s); going on with %d rank(s) (members %s, generation %llu)%s\n",
+                     static_cast<unsigned long long>(step_before + 1), who.c_str(), before, e.what(), m.size(),
+                     m.describe().c_str(), static_cast<unsigned long long>(m.generation),
+                     finished ? ", the step was finished by a survivor" : ", redoing the step");
+      if (g_.rank() == 0 && !o_.deterministic && o_.global_batch % static_cast<std::uint64_t>(m.size()) != 0)
+        std::fprintf(stderr,
+                     "kft: the global batch of %llu does not divide among %d ranks: their shares are padded by "
+                     "wrapping, as DistributedSampler pads, so a few samples are seen twice an epoch (a global batch "
+                     "divisible by the sizes the job may shrink to, or deterministic mode, sees each exactly once)\n",
+                     static_cast<unsigned long long>(o_.global_batch), m.size());
+      verify_replicas("a shrink");
+      return finished;
+    } else {
+      (void)step_before;
+      throw e;
+    }
+  }
+
   void after_step() {
     if (o_.verify_every && step_ % o_.verify_every == 0) verify_replicas("a periodic check");
   }
 
-  void broadcast_state() {
+  void broadcast_state(int root = 0) {
     for (const auto& t : mw_.optimizer_tensors())
-      g_.broadcast(t.value.data(), t.value.data(), t.value.size(), dtype::f32, 0, options{});
+      g_.broadcast(t.value.data(), t.value.data(), t.value.size(), dtype::f32, root, options{});
     mw_.round();
     auto& st = opt_.state();
     std::uint64_t steps = st.steps;
-    c_.broadcast(&steps, &steps, 1, dtype::i64, 0, options{});
+    c_.broadcast(&steps, &steps, 1, dtype::i64, root, options{});
     st.steps = steps;
     if (o_.zero_stage) return;  // each rank holds (and loaded) its own shard
     for (auto& b : st.buffers)  // host state (a device optimizer keeps its own, zero at the start)
-      for (auto& v : b) c_.broadcast(v.data(), v.data(), v.size(), dtype::f32, 0, options{});
+      for (auto& v : b) c_.broadcast(v.data(), v.data(), v.size(), dtype::f32, root, options{});
   }
 
   // Rank 0 picks the newest valid checkpoint and broadcasts its bytes; every rank loads them
@@ -1285,6 +1381,9 @@ class trainer {
   std::vector<std::size_t> sizes_;
   std::unique_ptr<timeline> tl_;  // before r_: the reducer records into it until it is destroyed
   std::optional<reducer<Group, trainer_hook>> r_;
+  std::vector<parameter> params_;  // what the reducer was built with (rebuilt after a shrink)
+  reducer_options ro_;
+  std::uint64_t shrinks_ = 0;      // times the group shrank under this trainer
   std::vector<std::span<float>> views_;
   std::vector<batch_type> micro_;  // the first micro_n_ are this step's
   std::size_t micro_n_ = 0;

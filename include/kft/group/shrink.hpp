@@ -155,7 +155,10 @@ inline membership agree_on_survivors(rendezvous::store& store, std::string_view 
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
       std::string text;
-      for (int r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
+      for (int r : ranks) {  // (appends: GCC 12 at -O3 misreads ("" or ",") + string as overlapping copies)
+        if (!text.empty()) text += ',';
+        text += std::to_string(r);
+      }
       agreed = store.compare_set(decision, std::nullopt, text).current;
       if (agreed) break;
     }

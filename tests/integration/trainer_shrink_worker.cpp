@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+// A rank of a DDP training job that loses a rank and goes on (trainer_options::shrink_store;
+// issue 46), under kftrun --on-failure continue. Driven by tests/integration/trainer_shrink_test.py.
+//
+//   trainer_shrink_worker OUT_DIR VICTIM KILL_STEP [deterministic]
+//
+// A linear regression on 64 features of 240 synthetic samples, 6 samples per rank per step
+// (a global batch of 24 on 4 ranks, 8 each on 3: 10 steps an epoch), 2 epochs, SGD. Rank VICTIM kills itself
+// (SIGKILL) as step KILL_STEP's backward pass starts (-1: nobody dies). Every rank appends
+// the samples of each finished step to OUT_DIR/seen.<rank> ("epoch step sample" lines), and
+// prints "trainer_shrink: rank R of P hash H steps S" at the end.
+#include <signal.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <kft/ddp/optim.hpp>
+#include <kft/ddp/trainer.hpp>
+#include <kft/init.hpp>
+
+namespace ddp = kft::ddp;
+
+namespace {
+
+constexpr std::size_t features = 64;
+constexpr std::uint32_t samples = 240;
+
+double feature(std::uint32_t i, std::size_t k) { return std::sin(0.37 * i + 0.91 * static_cast<double>(k)); }
+double target(std::uint32_t i) {
+  double y = 0.25;
+  for (std::size_t k = 0; k < features; ++k) y += feature(i, k) * (static_cast<double>(k % 7) - 3.0) / 8.0;
+  return y;
+}
+
+struct regression {
+  std::vector<float> w = std::vector<float>(features, 0.0f), b = std::vector<float>(1, 0.0f);
+  kft::group::process_group* pg = nullptr;
+  const std::uint64_t* finished = nullptr;  // steps finished so far (the worker's on_step)
+  int victim = -1;
+  std::uint64_t kill_step = 0;
+  // This attempt's samples, tagged with the group's size then (a step redone after a shrink
+  // runs again at the smaller size: only the last attempt counts).
+  std::vector<std::uint32_t> pending;
+  int pending_size = 0;
+
+  std::vector<ddp::tensor_ref> parameters() { return {{"w", w}, {"b", b}}; }
+  ddp::stats run(std::span<const std::uint32_t> idx, ddp::gradients* g) {
+    ddp::stats s;
+    std::vector<double> gw(features, 0.0);
+    double gb = 0.0;
+    for (auto i : idx) {
+      double pred = b[0];
+      for (std::size_t k = 0; k < features; ++k) pred += w[k] * feature(i, k);
+      const double err = pred - target(i);
+      s.loss_sum += err * err;
+      s.count += 1;
+      for (std::size_t k = 0; k < features; ++k) gw[k] += 2 * err * feature(i, k);
+      gb += 2 * err;
+    }
+    if (g) {
+      const double n = static_cast<double>(idx.size());
+      for (std::size_t k = 0; k < features; ++k)
+        (*g)[0][k] = static_cast<float>((g->accumulate() ? (*g)[0][k] : 0.0f) + gw[k] / n);
+      (*g)[1][0] = static_cast<float>((g->accumulate() ? (*g)[1][0] : 0.0f) + gb / n);
+      g->ready(1);
+      g->ready(0);
+    }
+    return s;
+  }
+  ddp::stats forward_backward(std::span<const std::uint32_t> idx, ddp::gradients& g) {
+    if (*finished + 1 == kill_step && pg->rank() == victim && pg->size() == 4) ::raise(SIGKILL);
+    if (pg->size() != pending_size) pending.clear();
+    pending_size = pg->size();
+    pending.insert(pending.end(), idx.begin(), idx.end());
+    return run(idx, &g);
+  }
+  ddp::stats evaluate(std::span<const std::uint32_t> idx) { return run(idx, nullptr); }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: trainer_shrink_worker OUT_DIR VICTIM KILL_STEP [deterministic]\n");
+    return 2;
+  }
+  try {
+    auto job = kft::init(argc, argv);
+    auto& pg = job.group();
+    const int job_rank = pg.rank();
+    regression m;
+    m.pg = &pg;
+    m.victim = std::atoi(argv[2]);
+    m.kill_step = static_cast<std::uint64_t>(std::atoll(argv[3]));
+    const bool deterministic = argc > 4 && std::string(argv[4]) == "deterministic";
+    ddp::sgd opt({.lr = 0.05f, .momentum = 0.9f});
+    ddp::trainer_options o;
+    o.batch = 6;
+    o.epochs = 2;
+    o.seed = 7;
+    o.quiet = true;
+    o.verify_every = 1;
+    o.shrink_store = job.store();
+    o.deterministic = deterministic;
+    if (deterministic) {
+      o.global_batch = 24;
+      o.micro_shards = 12;
+    }
+    std::ofstream seen(std::string(argv[1]) + "/seen." + std::to_string(job_rank));
+    std::uint64_t finished = 0;
+    m.finished = &finished;
+    const ddp::trainer<regression, ddp::sgd>* tp = nullptr;
+    o.on_step = [&](std::uint64_t step) {
+      for (auto i : m.pending) seen << tp->epoch() << " " << step << " " << i << "\n";
+      seen.flush();
+      m.pending.clear();
+      finished = step;
+    };
+    ddp::trainer<regression, ddp::sgd> t(pg, m, opt, o);
+    tp = &t;
+    const auto sum = t.fit(samples);
+    std::printf("trainer_shrink: rank %d of %d hash %llu steps %llu\n", job_rank, pg.size(),
+                static_cast<unsigned long long>(sum.parameters_hash), static_cast<unsigned long long>(sum.steps));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainer_shrink_worker: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
