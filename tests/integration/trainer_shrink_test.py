@@ -11,7 +11,8 @@ three (8 each: divisible, so no share is padded), and finish 2 epochs (20 steps)
   - every sample is seen exactly once per epoch over all ranks' finished steps (the lost rank's
     steps 1-4 included, the interrupted attempt of step 5 not);
   - deterministic mode (12 fixed shards per global batch): the run that lost a rank ends on the
-    bits of an uninterrupted 4-rank run (the same hash).
+    bits of an uninterrupted 4-rank run (the same hash), and so does one that loses a second
+    rank (job rank 1 in step 13: generation 2, 2 ranks left).
 """
 import collections
 import os
@@ -73,6 +74,17 @@ def main():
                    q.returncode, q.stderr[-2000:])
             expect({h for h, _, _ in ref.values()} == {h for h, _, _ in hashes.values()},
                    "deterministic: the run that lost a rank ends on the uninterrupted run's bits", ref, hashes)
+            # Two losses: job rank 1 also dies in step 13, after the first shrink (generation 2,
+            # 2 ranks left); still every sample once an epoch, and still the same bits.
+            r, seen2, two = run(2, 5, *mode, "1", "13")
+            expect(r.returncode == 0 and sorted(two) == [0, 3], "two losses: ranks 0 and 3 finish", r.returncode,
+                   two, r.stderr[-3000:])
+            expect("step 13: lost rank(s) 1 of 3" in r.stderr and "generation 2" in r.stderr,
+                   "two losses: the second shrink is generation 2", r.stderr[-3000:])
+            expect(all(len(v) == 1 for v in seen2.values()) and len(seen2) == 480,
+                   "two losses: every sample exactly once in each of the 2 epochs", len(seen2))
+            expect({h for h, _, _ in two.values()} == {h for h, _, _ in ref.values()},
+                   "two losses: the uninterrupted run's bits again", two, ref)
     print("trainer_shrink_test: 1 passed, 0 failed")
 
 

@@ -2,11 +2,12 @@
 // A rank of a DDP training job that loses a rank and goes on (trainer_options::shrink_store;
 // issue 46), under kftrun --on-failure continue. Driven by tests/integration/trainer_shrink_test.py.
 //
-//   trainer_shrink_worker OUT_DIR VICTIM KILL_STEP [deterministic]
+//   trainer_shrink_worker OUT_DIR VICTIM KILL_STEP [deterministic [VICTIM2 KILL_STEP2]]
 //
 // A linear regression on 64 features of 240 synthetic samples, 6 samples per rank per step
 // (a global batch of 24 on 4 ranks, 8 each on 3: 10 steps an epoch), 2 epochs, SGD. Rank VICTIM kills itself
-// (SIGKILL) as step KILL_STEP's backward pass starts (-1: nobody dies). Every rank appends
+// (SIGKILL) as step KILL_STEP's backward pass starts (-1: nobody dies), and job rank VICTIM2
+// as step KILL_STEP2's starts once the group has shrunk to 3 (a second loss). Every rank appends
 // the samples of each finished step to OUT_DIR/seen.<rank> ("epoch step sample" lines), and
 // prints "trainer_shrink: rank R of P hash H steps S" at the end.
 #include <signal.h>
@@ -40,8 +41,8 @@ struct regression {
   std::vector<float> w = std::vector<float>(features, 0.0f), b = std::vector<float>(1, 0.0f);
   kft::group::process_group* pg = nullptr;
   const std::uint64_t* finished = nullptr;  // steps finished so far (the worker's on_step)
-  int victim = -1;
-  std::uint64_t kill_step = 0;
+  int victim = -1, victim2 = -1, job_rank = -1;
+  std::uint64_t kill_step = 0, kill_step2 = 0;
   // This attempt's samples, tagged with the group's size then (a step redone after a shrink
   // runs again at the smaller size: only the last attempt counts).
   std::vector<std::uint32_t> pending;
@@ -73,6 +74,7 @@ struct regression {
   }
   ddp::stats forward_backward(std::span<const std::uint32_t> idx, ddp::gradients& g) {
     if (*finished + 1 == kill_step && pg->rank() == victim && pg->size() == 4) ::raise(SIGKILL);
+    if (*finished + 1 == kill_step2 && job_rank == victim2 && pg->size() == 3) ::raise(SIGKILL);
     if (pg->size() != pending_size) pending.clear();
     pending_size = pg->size();
     pending.insert(pending.end(), idx.begin(), idx.end());
@@ -85,7 +87,7 @@ struct regression {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: trainer_shrink_worker OUT_DIR VICTIM KILL_STEP [deterministic]\n");
+    std::fprintf(stderr, "usage: trainer_shrink_worker OUT_DIR VICTIM KILL_STEP [deterministic [VICTIM2 KILL_STEP2]]\n");
     return 2;
   }
   try {
@@ -97,6 +99,11 @@ int main(int argc, char** argv) {
     m.victim = std::atoi(argv[2]);
     m.kill_step = static_cast<std::uint64_t>(std::atoll(argv[3]));
     const bool deterministic = argc > 4 && std::string(argv[4]) == "deterministic";
+    m.job_rank = job_rank;
+    if (argc > 6) {
+      m.victim2 = std::atoi(argv[5]);
+      m.kill_step2 = static_cast<std::uint64_t>(std::atoll(argv[6]));
+    }
     ddp::sgd opt({.lr = 0.05f, .momentum = 0.9f});
     ddp::trainer_options o;
     o.batch = 6;
