@@ -241,6 +241,10 @@ inline std::string store_bootstrap(const world_info& w, const environment& env) 
     throw transport_error(e.detail(), site_of(e), e.backend_code());
   } catch (const remote_error& e) {
     throw remote_error(e.detail(), site_of(e), e.backend_code());
+  } catch (const group::join_closed_error& e) {  // (a replacement that came after the end: exit 0 on it)
+    throw group::join_closed_error(e.detail(), site_of(e), e.backend_code());
+  } catch (const group::membership_error& e) {
+    throw group::membership_error(e.detail(), site_of(e), e.backend_code());
   } catch (const error& e) {
     throw error(e.detail(), site_of(e), e.backend_code());
   }

@@ -12,10 +12,17 @@ three (8 each: divisible, so no share is padded), and finish 2 epochs (20 steps)
     steps 1-4 included, the interrupted attempt of step 5 not);
   - deterministic mode (12 fixed shards per global batch): the run that lost a rank ends on the
     bits of an uninterrupted 4-rank run (the same hash), and so does one that loses a second
-    rank (job rank 1 in step 13: generation 2, 2 ranks left).
+    rank (job rank 1 in step 13: generation 2, 2 ranks left);
+  - under kftrun --on-failure heal, a replacement for rank 2 joins at a step boundary (before
+    the redo of step 5 when it starts fast; the survivors wait for it after step 7) and gets the survivors' state over the group: all 4 ranks end on the same parameters after
+    20 steps, every sample is still seen once per epoch (the replacement's steps counted),
+    and deterministic mode ends on the uninterrupted run's bits (lost and regained);
+  - a replacement that arrives after the last step (a slow restart) finds the job finished and
+    leaves, exit 0.
 """
 import collections
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,13 +32,15 @@ from procs import expect  # (this folder is on the path when run as a script)
 KFTRUN, WORKER = sys.argv[1:3]
 
 
-def run(victim, kill_step, *extra):
+def run(victim, kill_step, *extra, policy="continue", join_delay_ms=None):
     out = tempfile.mkdtemp(prefix="kft-trainer-shrink-")
-    p = subprocess.run([KFTRUN, "--nproc-per-node", "4", "--on-failure", "continue", "--exit-grace", "0", "--",
-                        WORKER, out, str(victim), str(kill_step), *extra], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([KFTRUN, "--nproc-per-node", "4", "--on-failure", policy,
+                        *(["--max-restarts", "1"] if policy == "heal" else []), "--exit-grace", "0", "--", WORKER, out, str(victim), str(kill_step), *extra],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, **({"TRAINER_SHRINK_JOIN_DELAY_MS": str(join_delay_ms)} if join_delay_ms else {})))
     seen = collections.defaultdict(list)  # (epoch, sample) -> [(rank, step)]
     for name in os.listdir(out):
-        rank = int(name.split(".")[1])
+        rank = int(name.split(".")[1]) + 100 * int(name.split(".")[2])  # (a replacement: 100 + its rank)
         with open(os.path.join(out, name)) as f:
             for line in f:
                 e, step, i = map(int, line.split())
@@ -40,7 +49,7 @@ def run(victim, kill_step, *extra):
     os.rmdir(out)
     hashes = {}
     for line in p.stdout.splitlines():
-        if "trainer_shrink: rank" in line:
+        if "trainer_shrink: rank" in line and "joined too late" not in line:
             parts = line.split("trainer_shrink: ")[1].split()
             hashes[int(parts[1])] = (parts[5], int(parts[7]), int(parts[3]))
     return p, seen, hashes
@@ -85,6 +94,43 @@ def main():
                    "two losses: every sample exactly once in each of the 2 epochs", len(seen2))
             expect({h for h, _, _ in two.values()} == {h for h, _, _ in ref.values()},
                    "two losses: the uninterrupted run's bits again", two, ref)
+        # Healing: kftrun starts a replacement for rank 2; it joins at a boundary, by step 7's.
+        h, seen3, healed = run(2, 5, *mode, policy="heal")
+        expect(h.returncode == 0, f"{label} heal: kftrun exits 0", h.returncode, h.stderr[-4000:])
+        expect("a replacement joins them at a step boundary (--on-failure heal" in h.stderr,
+               f"{label} heal: kftrun says it started a replacement", h.stderr[-3000:])
+        joined = re.search(r"step (\d+): rank\(s\) 2 joined; going on with 4 rank\(s\) \(was 3; members 0,1,2,3, "
+                           r"generation 2; state sent in", h.stderr)
+        expect(joined and 4 <= int(joined.group(1)) <= 7,
+               f"{label} heal: the trainer says rank 2 joined at a boundary from step 4 (the redo) to 7 (the wait)",
+               h.stderr[-3000:])
+        at = int(joined.group(1))
+        expect(sorted(healed) == [0, 1, 2, 3] and len({x for x, _, _ in healed.values()}) == 1,
+               f"{label} heal: all 4 ranks, the replacement included, end on the same parameters", healed,
+               h.stdout[-2000:])
+        expect(all(steps == 20 and size == 4 for _, steps, size in healed.values()),
+               f"{label} heal: 20 steps, 4 ranks at the end", healed)
+        expect(all(len(v) == 1 for v in seen3.values()) and len(seen3) == 480,
+               f"{label} heal: every sample exactly once in each of the 2 epochs",
+               len(seen3), [kv for kv in seen3.items() if len(kv[1]) != 1][:5])
+        by_rank = collections.defaultdict(set)
+        for v in seen3.values():
+            for r, s in v:
+                by_rank[r].add(s)
+        expect(sorted(by_rank[2]) == [1, 2, 3, 4] and sorted(by_rank[102]) == list(range(at + 1, 21)),
+               f"{label} heal: rank 2 finished steps 1-4, its replacement steps {at + 1}-20",
+               sorted(by_rank[2]), sorted(by_rank[102]))
+        if mode:
+            expect({x for x, _, _ in healed.values()} == {x for x, _, _ in ref.values()},
+                   "deterministic heal: a run that lost and regained a rank ends on the uninterrupted run's bits",
+                   healed, ref)
+    # A replacement that comes after the last step (it starts 3 s late; the survivors redo step
+    # 20 and finish in well under that): the job is done, it leaves (exit 0).
+    late, _, done = run(2, 20, policy="heal", join_delay_ms=3000)
+    expect(late.returncode == 0 and sorted(done) == [0, 1, 3], "late replacement: the survivors finish, exit 0",
+           late.returncode, done, late.stderr[-3000:])
+    expect("trainer_shrink: rank 2 joined too late" in late.stdout and "the group finished first" in late.stdout,
+           "late replacement: it is told the job finished", late.stdout[-2000:])
     print("trainer_shrink_test: 1 passed, 0 failed")
 
 

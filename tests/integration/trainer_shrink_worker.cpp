@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // A rank of a DDP training job that loses a rank and goes on (trainer_options::shrink_store;
-// issue 46), under kftrun --on-failure continue. Driven by tests/integration/trainer_shrink_test.py.
+// issue 46), under kftrun --on-failure continue, or heal (a replacement joins the running group).
+// Driven by tests/integration/trainer_shrink_test.py.
 //
 //   trainer_shrink_worker OUT_DIR VICTIM KILL_STEP [deterministic [VICTIM2 KILL_STEP2]]
 //
@@ -8,15 +9,22 @@
 // (a global batch of 24 on 4 ranks, 8 each on 3: 10 steps an epoch), 2 epochs, SGD. Rank VICTIM kills itself
 // (SIGKILL) as step KILL_STEP's backward pass starts (-1: nobody dies), and job rank VICTIM2
 // as step KILL_STEP2's starts once the group has shrunk to 3 (a second loss). Every rank appends
-// the samples of each finished step to OUT_DIR/seen.<rank> ("epoch step sample" lines), and
-// prints "trainer_shrink: rank R of P hash H steps S" at the end.
+// the samples of each finished step to OUT_DIR/seen.<rank>.<KFT_JOIN> ("epoch step sample"
+// lines), and prints "trainer_shrink: rank R of P hash H steps S" at the end (R: the job's rank).
+// Under --on-failure heal (KFT_ON_FAILURE=heal) the survivors wait, after step KILL_STEP + 2,
+// until the replacement asks to join (so it joins at that step boundary however slowly it
+// starts); a replacement that finds the job finished (TRAINER_SHRINK_JOIN_DELAY_MS: it sleeps
+// that long first, a slow restart) prints "trainer_shrink: rank R joined too
+// late" and exits 0.
 #include <signal.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <kft/ddp/optim.hpp>
@@ -43,10 +51,10 @@ struct regression {
   const std::uint64_t* finished = nullptr;  // steps finished so far (the worker's on_step)
   int victim = -1, victim2 = -1, job_rank = -1;
   std::uint64_t kill_step = 0, kill_step2 = 0;
-  // This attempt's samples, tagged with the group's size then (a step redone after a shrink
-  // runs again at the smaller size: only the last attempt counts).
+  // This attempt's samples, tagged with the group's generation then (a step redone after a
+  // shrink runs again in the next generation: only the last attempt counts).
   std::vector<std::uint32_t> pending;
-  int pending_size = 0;
+  std::uint64_t pending_generation = 0;
 
   std::vector<ddp::tensor_ref> parameters() { return {{"w", w}, {"b", b}}; }
   ddp::stats run(std::span<const std::uint32_t> idx, ddp::gradients* g) {
@@ -75,8 +83,8 @@ struct regression {
   ddp::stats forward_backward(std::span<const std::uint32_t> idx, ddp::gradients& g) {
     if (*finished + 1 == kill_step && pg->rank() == victim && pg->size() == 4) ::raise(SIGKILL);
     if (*finished + 1 == kill_step2 && job_rank == victim2 && pg->size() == 3) ::raise(SIGKILL);
-    if (pg->size() != pending_size) pending.clear();
-    pending_size = pg->size();
+    if (pg->generation() != pending_generation) pending.clear();
+    pending_generation = pg->generation();
     pending.insert(pending.end(), idx.begin(), idx.end());
     return run(idx, &g);
   }
@@ -91,9 +99,22 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    auto job = kft::init(argc, argv);
+    const char* join = std::getenv("KFT_JOIN");
+    const char* rank_var = std::getenv("RANK");
+    const int launched_rank = rank_var ? std::atoi(rank_var) : -1;
+    if (const char* delay = std::getenv("TRAINER_SHRINK_JOIN_DELAY_MS"); join && delay)  // (a slow restart)
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(delay)));
+    std::optional<kft::session> session;
+    try {
+      session.emplace(kft::init(argc, argv));
+    } catch (const kft::group::join_closed_error& e) {
+      std::printf("trainer_shrink: rank %d joined too late (%s)\n", launched_rank, e.what());
+      return 0;
+    }
+    auto& job = *session;
     auto& pg = job.group();
-    const int job_rank = pg.rank();
+    const int job_rank = launched_rank >= 0 ? launched_rank : pg.rank();
+    const bool heal = std::string(std::getenv("KFT_ON_FAILURE") ? std::getenv("KFT_ON_FAILURE") : "") == "heal";
     regression m;
     m.pg = &pg;
     m.victim = std::atoi(argv[2]);
@@ -117,7 +138,7 @@ int main(int argc, char** argv) {
       o.global_batch = 24;
       o.micro_shards = 12;
     }
-    std::ofstream seen(std::string(argv[1]) + "/seen." + std::to_string(job_rank));
+    std::ofstream seen(std::string(argv[1]) + "/seen." + std::to_string(job_rank) + "." + (join ? join : "0"));
     std::uint64_t finished = 0;
     m.finished = &finished;
     const ddp::trainer<regression, ddp::sgd>* tp = nullptr;
@@ -126,6 +147,12 @@ int main(int argc, char** argv) {
       seen.flush();
       m.pending.clear();
       finished = step;
+      if (heal && step == m.kill_step + 2 && pg.size() < 4) {
+        // (collective: every rank asks together, rank 0's answer is everyone's)
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (pg.waiting_to_join(job.store()) == 0 && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
     };
     ddp::trainer<regression, ddp::sgd> t(pg, m, opt, o);
     tp = &t;

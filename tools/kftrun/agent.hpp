@@ -69,6 +69,10 @@ struct options {
   // --on-failure continue: a failed worker is logged as lost and the others go on (they may
   // shrink their group); the job succeeds when every worker left exits 0 (one node).
   bool keep_going = false;
+  // --on-failure heal (implies keep_going): a lost worker is replaced by a new one with the same
+  // rank and KFT_JOIN set, which joins the running group at a step boundary (at most
+  // max_restarts replacements in the job).
+  bool heal = false;
   std::string token;
   std::vector<std::string> program;  // argv
   std::vector<std::string> cpusets;  // per local rank (--bind); empty = no binding
@@ -582,6 +586,20 @@ class agent {
         const auto& why = group.start_error_of(e.rank);
         if (opt_.keep_going && why.empty() && group.any_succeeded_or_running()) {
           lost_.push_back(e);
+          if (opt_.heal && replaced_ < opt_.max_restarts && group.any_running()) {
+            ++replaced_;
+            auto env = worker_env(attempt, e.rank, e.local_rank, world, m);
+            env.push_back("KFT_JOIN=" + std::to_string(replaced_));
+            group.start({e.rank, e.local_rank, std::move(env),
+                         opt_.cpusets.empty() ? std::string() : opt_.cpusets[static_cast<std::size_t>(e.local_rank)]},
+                        attempt_dir);
+            log(kft::log::level::warn,
+                "rank " + std::to_string(e.rank) + " (local rank " + std::to_string(e.local_rank) + ") " + e.describe() +
+                    "; the other workers go on and a replacement joins them at a step boundary (--on-failure heal, "
+                    "replacement " + std::to_string(replaced_) + " of at most " + std::to_string(opt_.max_restarts) +
+                    ")");
+            continue;
+          }
           log(kft::log::level::warn, "rank " + std::to_string(e.rank) + " (local rank " + std::to_string(e.local_rank) +
                                          ") " + e.describe() + "; the other workers go on (--on-failure continue)");
           continue;
@@ -625,7 +643,9 @@ class agent {
               ranks += std::to_string(l.rank);
             }
             log(kft::log::level::info, "the workers left finished; lost on the way: rank(s) " + ranks +
-                                           " (--on-failure continue)");
+                                           (opt_.heal ? " (--on-failure heal: " + std::to_string(replaced_) +
+                                                            " replacement(s) started)"
+                                                      : std::string(" (--on-failure continue)")));
           }
           store_->set(key(attempt, "done/" + std::to_string(opt_.node_rank)), "1");
           reported_done = true;
@@ -865,7 +885,8 @@ class agent {
     set("KFT_RDZV_TOKEN", opt_.token);
     const auto ms = opt_.job_timeout.count();
     set("KFT_TIMEOUT", ms % 1000 == 0 ? std::to_string(ms / 1000) + "s" : std::to_string(ms) + "ms");
-    set("KFT_ON_FAILURE", opt_.keep_going ? "continue" : "stop");  // whether a program may shrink and go on
+    set("KFT_ON_FAILURE", opt_.heal ? "heal" : opt_.keep_going ? "continue" : "stop");  // whether a program may shrink and go on
+    env.erase("KFT_JOIN");  // (only a replacement joins a running group: added to its own)
     std::vector<std::string> out;
     for (const auto& [k, v] : env) out.push_back(k + "=" + v);
     return out;
@@ -874,6 +895,7 @@ class agent {
   options opt_;
   std::string host_;
   std::vector<exit_info> lost_;  // --on-failure continue: this round's workers lost, in order
+  int replaced_ = 0;             // --on-failure heal: replacements started in the job
   std::shared_ptr<rdzv::store> store_;
   std::shared_ptr<rdzv::tcp_store> client_;  // store_'s connection (for set_owned)
   std::string prefix_;                       // store_'s prefix

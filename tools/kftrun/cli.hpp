@@ -171,8 +171,10 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
   app.add_option("--on-failure", on_failure,
                  "when a worker fails: stop (stop every worker; restart them all while --max-restarts allows) or "
                  "continue (the others go on: a program that shrinks its group, kft/group/shrink.hpp, finishes "
-                 "without the lost ranks; the job succeeds when every worker left exits 0)")
-      ->envname("KFT_ON_FAILURE")->check(CLI::IsMember({"stop", "continue"}))->capture_default_str();
+                 "without the lost ranks; the job succeeds when every worker left exits 0) or heal (as continue, and "
+                 "a replacement with the lost one's rank and KFT_JOIN set joins the running group at a step "
+                 "boundary; at most --max-restarts replacements)")
+      ->envname("KFT_ON_FAILURE")->check(CLI::IsMember({"stop", "continue", "heal"}))->capture_default_str();
   app.add_flag("--standalone", standalone, "single node, any free port (the default when --nnodes is 1)");
   app.add_option("program", o.program, "the program and its arguments (after --)")->required();
   app.positionals_at_end();
@@ -199,7 +201,11 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
     o.heartbeat_timeout = heartbeat ? std::chrono::milliseconds(static_cast<long long>(*heartbeat * 1000)) : derived.heartbeat;
     o.term_grace = std::chrono::milliseconds(static_cast<long long>(grace * 1000));
     o.exit_grace = std::chrono::milliseconds(static_cast<long long>(exit_grace * 1000));
-    o.keep_going = on_failure == "continue";
+    o.keep_going = on_failure == "continue" || on_failure == "heal";
+    o.heal = on_failure == "heal";
+    if (o.heal && o.max_restarts < 1)
+      throw kft::config_error("--max-restarts", std::to_string(o.max_restarts),
+                              "is how many replacements --on-failure heal may start: give it 1 or more");
     if (o.keep_going && (o.nnodes != 1 || o.elastic))
       throw kft::config_error("--on-failure", on_failure,
                               "keeps the survivors of one node for now (--nnodes=" + nnodes +

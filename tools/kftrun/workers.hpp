@@ -206,6 +206,12 @@ class worker_group {
       if (!w.exited || w.result.code == 0) return true;
     return false;
   }
+  /// True while some worker runs.
+  bool any_running() const {
+    for (const auto& w : workers_)
+      if (!w.exited) return true;
+    return false;
+  }
   bool empty() const { return workers_.empty(); }
   const std::string& start_error_of(int rank) const {
     static const std::string none;

@@ -166,6 +166,14 @@ struct trainer_options {
   /// Without a store the error ends fit() (a restart from a checkpoint). Needs a
   /// process_group that can shrink (a node's shared memory), the same group for gradients and
   /// control, no ZeRO; deterministic mode also needs micro_shards to stay a multiple of the size.
+  ///
+  /// Growing back (healing): while the group has lost ranks, rank 0 asks the store at every
+  /// step boundary whether ranks wait to join (a worker kftrun restarted under
+  /// `--on-failure heal`, which builds its group with `process_group::join`); if so the group
+  /// admits them and a survivor sends them its parameters, optimizer state, step, sampler
+  /// position and RNG over the group (no checkpoint file). A trainer built on a joined group
+  /// (`newcomer()`) receives that state in its constructor and trains on from that step. Costs
+  /// one store call and one 8-byte broadcast per step, only while ranks are missing.
   std::shared_ptr<rendezvous::store> shrink_store;
   group::shrink_options shrink;
   /// ZeRO stage 1 (0: off): the optimizer state is sharded across the ranks. Gradients are
@@ -313,6 +321,10 @@ class trainer {
     views_.resize(tensors_.size());
     if (o_.deterministic) fixed_.emplace(o_.fraction_bits, o_.micro_shards * o_.accumulate, sizes_);
     verify_metrics();
+    if (joined_running_group()) {  // a restarted worker: the members' state, over the group
+      welcome_newcomers(true);
+      return;
+    }
     if (o_.resume && !o_.checkpoint_dir.empty()) resume();
     broadcast_state();
     verify_replicas("start");
@@ -492,6 +504,7 @@ class trainer {
       const std::uint64_t steps_in_epoch = (data.batches_left(o_.global_batch) + o_.accumulate - 1) / o_.accumulate;
       std::uint64_t k = 0;
       while (!stop) {
+        if (o_.shrink_store && data.next(o_.global_batch)) admit_joiners();  // (a step follows: they join at it)
         const auto position = data.state();  // (a few integers: where a redone step starts)
         const std::uint64_t step_before = step_;
         if (!gather_micro_batches()) break;
@@ -546,6 +559,8 @@ class trainer {
       if (epoch_done && e + 1 < o_.epochs) data.set_epoch(e + 1);
     }
     sum.steps = step_;
+    if constexpr (requires { g_.close_joins(o_.shrink_store); })
+      if (o_.shrink_store) g_.close_joins(o_.shrink_store);  // a worker still waiting to join leaves
     sum.wall_seconds = seconds(t_start, clk::now());
     sum.train_seconds = sum.wall_seconds - eval_total_;
     sum.exposed_comm_seconds = comm_s_;
@@ -1104,6 +1119,92 @@ class trainer {
       (void)step_before;
       throw e;
     }
+  }
+
+  // True for a trainer built on a group that joined a running job (process_group::join).
+  bool joined_running_group() const {
+    if constexpr (requires(const Group& g) { g.newcomer(); }) {
+      if (!g_.newcomer()) return false;
+      if (!o_.shrink_store)
+        throw usage_error("trainer: this rank joined a running group (process_group::join, KFT_JOIN) but "
+                              "trainer_options::shrink_store is not set (the members admit joiners through it)",
+                          site("ddp join"));
+      if constexpr (streams)
+        throw usage_error("trainer: a rank joining a running group needs an indexed model for now (a streaming "
+                              "model's record sources are compared when fit() starts)",
+                          site("ddp join"));
+      return true;
+    } else {
+      return false;
+    }
+  }
+
+  // At a step boundary while the group has lost ranks: admits the ranks waiting to join (one
+  // store call on rank 0, one broadcast) and sends them the state.
+  void admit_joiners() {
+    if constexpr (requires(Group& g) { g.grow(o_.shrink_store, o_.shrink); } && !streams) {
+      if (g_.size() >= g_.founding_size()) return;
+      if (g_.waiting_to_join(o_.shrink_store) == 0) return;
+      const auto t0 = clk::now();
+      const int before = g_.size();
+      r_.reset();
+      const auto m = g_.grow(o_.shrink_store, o_.shrink);
+      if (o_.deterministic && o_.micro_shards % static_cast<std::uint64_t>(m.size()) != 0)
+        throw usage_error("trainer: after rank(s) " + group::membership::list(m.joined()) + " joined, deterministic "
+                              "mode cannot go on with " + std::to_string(m.size()) + " ranks: micro_shards (" +
+                              std::to_string(o_.micro_shards) + ") is not a multiple of it",
+                          site("ddp join", step_));
+      r_.emplace(g_, params_, ro_, trainer_hook{false});
+      verify_metrics();  // (what a newcomer's constructor does after building its reducer)
+      welcome_newcomers(false);
+      if (g_.rank() == 0)
+        std::fprintf(stderr,
+                     "kft: step %llu: rank(s) %s joined; going on with %d rank(s) (was %d; members %s, generation "
+                     "%llu; state sent in %.3f s)\n",
+                     static_cast<unsigned long long>(step_), group::membership::list(m.joined()).c_str(), m.size(),
+                     before, m.describe().c_str(), static_cast<unsigned long long>(m.generation),
+                     seconds(t0, clk::now()));
+    }
+  }
+
+  // Collective over a group that just grew: the lowest-ranked member that was there before
+  // sends its parameters, optimizer state, loss scale, step, sampler position and RNG; the
+  // newcomers take them (`newcomer`: this rank is one), then the replicas are compared.
+  void welcome_newcomers(bool newcomer) {
+    std::int64_t src = newcomer ? std::numeric_limits<std::int64_t>::max() : g_.rank();
+    c_.allreduce(&src, &src, 1, dtype::i64, op_kind::min, options{});
+    if (src == std::numeric_limits<std::int64_t>::max())
+      throw usage_error("trainer: no rank of the group holds state to send (every rank joined as a newcomer: start "
+                        "the job without KFT_JOIN)",
+                        site("ddp join"));
+    const int root = static_cast<int>(src);
+    broadcast_state(root);
+    const sampler_state ss = has_feed() ? feed().state() : sampler_state{o_.seed, epoch_, 0};
+    std::uint64_t pos[8] = {step_, ss.epoch, ss.cursor, ss.seed, rng_.state, o_.global_batch, o_.micro_shards, 0};
+    std::string scale = scaler_.on() ? scaler_.save() : std::string();
+    pos[7] = scale.size();
+    c_.broadcast(pos, pos, 8, dtype::i64, root, options{});
+    scale.resize(static_cast<std::size_t>(pos[7]));
+    if (pos[7]) c_.broadcast(scale.data(), scale.data(), scale.size(), dtype::u8, root, options{});
+    if (newcomer) {
+      if (pos[3] != o_.seed)
+        throw usage_error("trainer: the group this rank joined trains with seed " + std::to_string(pos[3]) +
+                              ", this rank's options say " + std::to_string(o_.seed),
+                          site("ddp join"));
+      step_ = resumed_step_ = pos[0];
+      restored_ = sampler_state{pos[3], pos[1], pos[2]};
+      epoch_ = pos[1];
+      rng_.state = pos[4];
+      o_.global_batch = pos[5];
+      if (o_.deterministic && pos[6] != o_.micro_shards) {
+        o_.micro_shards = pos[6];
+        fixed_.emplace(o_.fraction_bits, o_.micro_shards * o_.accumulate, sizes_);
+      }
+      if (!scale.empty()) scaler_.load(scale, "the loss scale sent by rank " + std::to_string(root));
+      note("joined the running group at step " + std::to_string(step_) + " (epoch " + std::to_string(epoch_ + 1) +
+           ", sample " + std::to_string(pos[2]) + "): state from rank " + std::to_string(root));
+    }
+    verify_replicas(newcomer ? "a join (newcomer)" : "a join");
   }
 
   void after_step() {

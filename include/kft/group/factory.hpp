@@ -85,6 +85,18 @@ inline process_group make_process_group(const world_info& w, std::shared_ptr<ren
   const bool one_node =
       !host_ids && (w.world_size == 1 || w.node_count == 1 || (w.local_size && *w.local_size == w.world_size));
   if (o.timeout.count() > 0) o.shm.timeout = o.timeout;
+  if (env.get("KFT_JOIN").value_or("").size() && env.get("KFT_JOIN") != "0") {
+    // A restarted worker (kftrun --on-failure heal): it joins the running node group at a step
+    // boundary instead of building generation 0 with everyone.
+    if (!one_node || !w.local_rank || !w.local_size)
+      throw config_error("KFT_JOIN", *env.get("KFT_JOIN"),
+                         "asks to join a running group, which only a node's shared-memory group admits so far (this "
+                         "job spans " + std::to_string(w.node_count.value_or(0)) + " nodes)",
+                         error_site::in({}, w.rank, w.world_size, "process group"));
+    auto cfg = node_config(w, std::move(o.shm), env);
+    const auto wait = cfg.timeout;
+    return process_group::join(std::move(store), std::move(cfg), *w.local_rank, *w.local_size, wait);
+  }
   if (one_node) {
     auto comm = node_communicator(std::move(store), w, std::move(o.shm), env);
     const std::string what = "shared memory: 1 node x " + std::to_string(comm.size()) +

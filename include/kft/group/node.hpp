@@ -94,22 +94,29 @@ inline shm::config shm_config(const environment& env, shm::config base = {}) {
 /// named after the job's run id (`KFT_RUN_ID` / `TORCHELASTIC_RUN_ID`) plus random bytes, and
 /// `KFT_SHM_*` and `KFT_TIMEOUT` apply (`shm_config`).
 /// @throws usage_error when the launcher did not say which ranks share this node
+/// @brief The node's shared-memory settings: `cfg` with the environment's (`KFT_SHM_*`), the
+/// segment named after the job, and the node's place in the job for messages.
+inline shm::config node_config(const world_info& w, shm::config cfg, const environment& env = environment::process()) {
+  cfg = shm_config(env, std::move(cfg));
+  if (cfg.name == "kft") {  // name the segment after the job, as launchers know it
+    if (auto id = env.get("KFT_RUN_ID").value_or(env.get("TORCHELASTIC_RUN_ID").value_or("")); !id.empty())
+      cfg.name = "kft-" + id;
+  }
+  if (cfg.identity.world_size < 0 && w.local_size && w.world_size != *w.local_size) {
+    cfg.identity.world_rank = w.rank;
+    cfg.identity.world_size = w.world_size;
+    cfg.identity.label = "node " + std::to_string(w.node_rank.value_or(0));
+  }
+  return cfg;
+}
+
 inline shm::communicator node_communicator(std::shared_ptr<rendezvous::store> store, const world_info& w,
                                            shm::config cfg = {}, const environment& env = environment::process()) {
   if (!w.local_rank || !w.local_size)
     throw usage_error("the local view is unknown (backend " + w.backend +
                           "): cannot tell which ranks share this node; launch with kftrun, mpirun or srun",
                       error_site::of("shm init"));
-  cfg = shm_config(env, std::move(cfg));
-  if (cfg.name == "kft") {  // name the segment after the job, as launchers know it
-    if (auto id = env.get("KFT_RUN_ID").value_or(env.get("TORCHELASTIC_RUN_ID").value_or("")); !id.empty())
-      cfg.name = "kft-" + id;
-  }
-  if (cfg.identity.world_size < 0 && w.world_size != *w.local_size) {
-    cfg.identity.world_rank = w.rank;
-    cfg.identity.world_size = w.world_size;
-    cfg.identity.label = "node " + std::to_string(w.node_rank.value_or(0));
-  }
+  cfg = node_config(w, std::move(cfg), env);
   auto scoped = std::make_shared<rendezvous::prefix_store>(std::move(store), "node/" + w.hostname + "/" +
                                                                                  std::to_string(w.node_rank.value_or(0)) + "/");
   return shm::communicator(std::move(scoped), *w.local_rank, *w.local_size, std::move(cfg));

@@ -102,9 +102,62 @@ class process_group : public typed_collectives<process_group> {
   /// falls back to a restart).
   membership shrink(std::shared_ptr<rendezvous::store> store, const shrink_options& o = {}) {
     auto m = impl_->shrink(std::move(store), o, what_);
-    what_ += " (shrunk to " + std::to_string(m.size()) + " of " + std::to_string(m.old_size) + " ranks: " +
-             m.describe() + ", generation " + std::to_string(m.generation) + ")";
+    changed(m, "shrunk");
     return m;
+  }
+
+  /// @brief Collective, at a step boundary: how many ranks are waiting to join this group
+  /// (restarted workers, spares: `join`). Rank 0 asks `store` (one call) and broadcasts the
+  /// answer, so every rank gets the same number. 0 for a group that cannot grow.
+  std::int64_t waiting_to_join(const std::shared_ptr<rendezvous::store>& store) {
+    std::int64_t n = 0;
+    if (rank() == 0 && store) n = std::max<std::int64_t>(impl_->join_tickets(*store) - admitted_, 0);
+    broadcast(&n, &n, 1, dtype::i64, 0);
+    return n;
+  }
+
+  /// @brief Collective, at a step boundary, after `waiting_to_join` said some wait: admits
+  /// them and becomes the larger group in place (generation + 1); the joiners' `join` returns at
+  /// the same time. The new ranks hold nothing yet: the caller sends them its state.
+  membership grow(std::shared_ptr<rendezvous::store> store, const shrink_options& o = {}) {
+    std::int64_t tickets = rank() == 0 ? impl_->join_tickets(*store) : 0;
+    broadcast(&tickets, &tickets, 1, dtype::i64, 0);
+    auto m = impl_->grow(std::move(store), admitted_, tickets, o, what_);
+    admitted_ = tickets;
+    changed(m, "grown");
+    return m;
+  }
+
+  /// @brief Rank 0 tells ranks still waiting to join that this group finished (they get
+  /// `join_closed_error`). Call it when the work is done.
+  void close_joins(const std::shared_ptr<rendezvous::store>& store) {
+    if (rank() == 0 && store) impl_->close_joins(*store);
+  }
+
+  /// @brief True when this process joined a running group (`join`): it holds no state of
+  /// the members' yet (the trainer takes it from them).
+  bool newcomer() const noexcept { return newcomer_; }
+  /// @brief How many times the membership changed (shrinks and joins): 0 as first built.
+  std::uint64_t generation() const noexcept { return impl_->generation(); }
+  /// @brief How many ranks the group had when it was first built (a node's local ranks).
+  int founding_size() const noexcept { return founding_ ? founding_ : size(); }
+
+  /// @brief A rank joining a running node group as founding rank `id` of `founding`: asks
+  /// through `store` (the store the members shrink through), waits up to `wait` to be admitted
+  /// at a step boundary, and returns the grown group (`newcomer()` true).
+  /// @throws join_closed_error when the group finished first
+  static process_group join(std::shared_ptr<rendezvous::store> store, shm::config cfg, int id, int founding,
+                            std::chrono::milliseconds wait, const shrink_options& o = {}) {
+    std::int64_t tickets = 0;
+    auto next = group::join(std::move(store), std::move(cfg), id, founding, wait, o, &tickets);
+    const int n = next.comm.size();
+    process_group g(std::move(next.comm), "shared memory: 1 node x " + std::to_string(n) + " ranks (joined as rank " +
+                                              std::to_string(id) + ": members " + next.members.describe() +
+                                              ", generation " + std::to_string(next.members.generation) + ")");
+    g.admitted_ = tickets;
+    g.newcomer_ = true;
+    g.founding_ = founding;
+    return g;
   }
 
   /// @brief A buffer inside the communicator's shared memory, where its collectives read it in
@@ -132,7 +185,19 @@ class process_group : public typed_collectives<process_group> {
     virtual void abort(std::string_view) noexcept = 0;
     virtual void* allocate_shared(std::size_t) = 0;
     virtual membership shrink(std::shared_ptr<rendezvous::store>, const shrink_options&, const std::string& what) = 0;
+    virtual membership grow(std::shared_ptr<rendezvous::store>, std::int64_t admitted, std::int64_t tickets,
+                            const shrink_options&, const std::string& what) = 0;
+    virtual std::int64_t join_tickets(rendezvous::store&) = 0;
+    virtual void close_joins(rendezvous::store&) = 0;
+    virtual int founding_size() const noexcept = 0;
+    virtual std::uint64_t generation() const noexcept = 0;
   };
+
+  void changed(const membership& m, const char* how) {
+    if (!founding_) founding_ = impl_->founding_size();
+    what_ += std::string(" (") + how + " to " + std::to_string(m.size()) + " of " + std::to_string(founding_) +
+             " ranks: " + m.describe() + ", generation " + std::to_string(m.generation) + ")";
+  }
 
   // A backend's own work handle becomes async::work (it already is one for kft's transports).
   template <class W>
@@ -197,6 +262,33 @@ class process_group : public typed_collectives<process_group> {
                                this->next_site(collective::barrier));
       }
     }
+    membership grow(std::shared_ptr<rendezvous::store> store, std::int64_t admitted, std::int64_t tickets,
+                    const shrink_options& o, const std::string& what) override {
+      if constexpr (std::same_as<C, shm::communicator>) {
+        auto next = group::grow(*c, std::move(store), admitted, tickets, o);
+        c = std::make_unique<C>(std::move(next.comm));
+        return std::move(next.members);
+      } else {
+        throw membership_error("this group (" + what + ") cannot grow: only a node's shared-memory group admits "
+                                   "ranks that join a running job so far",
+                               this->next_site(collective::barrier));
+      }
+    }
+    std::int64_t join_tickets(rendezvous::store& store) override {
+      if constexpr (std::same_as<C, shm::communicator>) return group::join_tickets(store, shrink_scope(c->configuration()));
+      else return 0;
+    }
+    void close_joins(rendezvous::store& store) override {
+      if constexpr (std::same_as<C, shm::communicator>) group::close_joins(store, shrink_scope(c->configuration()));
+    }
+    std::uint64_t generation() const noexcept override {
+      if constexpr (std::same_as<C, shm::communicator>) return c->configuration().generation;
+      else return 0;
+    }
+    int founding_size() const noexcept override {
+      if constexpr (std::same_as<C, shm::communicator>) return detail::founding_size(*c);
+      else return c->size();
+    }
     void* allocate_shared(std::size_t bytes) override {
       if constexpr (requires { c->allocate_bytes(bytes); }) {
         try {
@@ -212,6 +304,9 @@ class process_group : public typed_collectives<process_group> {
 
   std::unique_ptr<base> impl_;
   std::string what_;
+  std::int64_t admitted_ = 0;  // join tickets admitted so far (equal on every rank)
+  int founding_ = 0;           // the size the group was first built with (0: not changed yet)
+  bool newcomer_ = false;      // built by join(): joined a running group
 };
 
 static_assert(async_communicator<process_group>);

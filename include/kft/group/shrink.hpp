@@ -37,7 +37,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -67,28 +69,45 @@ struct shrink_options {
   std::chrono::milliseconds timeout{30000};
 };
 
-/// @brief The membership the survivors agreed on.
+/// @brief The membership a group's ranks agreed on. Members are named by their rank in the
+/// group as it was first built (its *founding* ranks: a node's local ranks), in every generation,
+/// so a rank that rejoins keeps its name.
 struct membership {
-  std::uint64_t generation = 0;  ///< 1 after the first shrink, 2 after the second, ...
-  std::vector<int> members;      ///< the survivors' ranks in the old group, ascending
+  std::uint64_t generation = 0;  ///< 1 after the first change (a shrink or a join), 2 after the second, ...
+  std::vector<int> members;      ///< this generation's ranks, by founding rank, ascending
   int rank = 0;                  ///< this rank's place in `members`: its rank in the new group
-  int old_size = 0;              ///< the old group's size
+  int old_size = 0;              ///< the previous generation's size
+  std::vector<int> before;       ///< the previous generation's members (empty: 0..old_size-1)
   int size() const noexcept { return static_cast<int>(members.size()); }
-  /// @brief The old group's ranks that are not members.
-  std::vector<int> lost() const {
-    std::vector<int> out;
-    for (int r = 0; r < old_size; ++r)
-      if (!std::binary_search(members.begin(), members.end(), r)) out.push_back(r);
-    return out;
-  }
+  /// @brief The previous generation's members that are not members now.
+  std::vector<int> lost() const { return minus(previous(), members); }
+  /// @brief The members that were not in the previous generation (ranks that joined).
+  std::vector<int> joined() const { return minus(members, previous()); }
   /// @brief "0,1,3".
-  std::string describe() const {
+  std::string describe() const { return list(members); }
+  /// @brief "2,5" (ascending ranks joined by commas; appends: GCC 12 at -O3 misreads
+  /// ("" or ",") + string as overlapping copies).
+  static std::string list(const std::vector<int>& ranks) {
     std::string s;
-    for (int r : members) {
-      if (!s.empty()) s += ",";
+    for (int r : ranks) {
+      if (!s.empty()) s += ',';
       s += std::to_string(r);
     }
     return s;
+  }
+
+ private:
+  std::vector<int> previous() const {
+    if (!before.empty()) return before;
+    std::vector<int> all(static_cast<std::size_t>(std::max(old_size, 0)));
+    for (int r = 0; r < old_size; ++r) all[static_cast<std::size_t>(r)] = r;
+    return all;
+  }
+  static std::vector<int> minus(const std::vector<int>& a, const std::vector<int>& b) {
+    std::vector<int> out;
+    for (int r : a)
+      if (std::find(b.begin(), b.end(), r) == b.end()) out.push_back(r);
+    return out;
   }
 };
 
@@ -106,29 +125,27 @@ inline std::vector<int> parse_members(const std::string& text, const std::string
 }
 }  // namespace detail
 
-/// @brief Collective over the survivors: agrees, through `store`, on the survivors of a group of
-/// `old_size` ranks called `scope`, for generation `generation` (>= 1). `known_lost`: the ranks
-/// this rank knows are gone (what it expects not to arrive).
+/// @brief Collective over the ranks of one generation: agrees, through `store`, on the members
+/// of generation `generation` (>= 1) of the group called `scope`. `id`: this rank's founding
+/// rank (below `id_limit`); `expected`: how many this rank expects to arrive (it decides with
+/// those that came after `o.window` when fewer do). The steps are the file comment's.
 /// @throws membership_error when this rank arrived after the decision that left it out
 /// @throws timeout_error when the store does not answer within `o.timeout`
-inline membership agree_on_survivors(rendezvous::store& store, std::string_view scope, std::uint64_t generation,
-                                     int old_rank, int old_size, std::span<const int> known_lost,
-                                     const shrink_options& o = {}) {
+inline membership agree_on_members(rendezvous::store& store, std::string_view scope, std::uint64_t generation, int id,
+                                   int id_limit, std::int64_t expected, const shrink_options& o = {}) {
   using clk = std::chrono::steady_clock;
   const auto site = error_site::of("shrink");
-  if (old_size < 1 || old_rank < 0 || old_rank >= old_size || generation < 1)
-    throw usage_error("agree_on_survivors: rank " + std::to_string(old_rank) + " of " + std::to_string(old_size) +
-                          ", generation " + std::to_string(generation) + " (ranks 0..size-1, generation >= 1)",
+  if (id_limit < 1 || id < 0 || id >= id_limit || generation < 1 || expected < 1)
+    throw usage_error("agree_on_members: rank " + std::to_string(id) + " of " + std::to_string(id_limit) +
+                          ", generation " + std::to_string(generation) + ", " + std::to_string(expected) +
+                          " expected (ranks 0..size-1, generation >= 1, at least one expected)",
                       site);
   const std::string prefix = "shrink/" + std::string(scope) + "/g" + std::to_string(generation) + "/";
   const std::string decision = prefix + "members";
   const auto t0 = clk::now();
   const auto deadline = t0 + o.timeout;
   const auto ticket = store.add(prefix + "arrived", 1);
-  store.set(prefix + "arrival/" + std::to_string(ticket), std::to_string(old_rank));
-  std::int64_t lost = 0;
-  for (int r : known_lost) lost += r >= 0 && r < old_size && r != old_rank;
-  const std::int64_t expected = old_size - lost;
+  store.set(prefix + "arrival/" + std::to_string(ticket), std::to_string(id));
 
   std::optional<std::string> agreed;
   auto pause = std::chrono::microseconds(200);
@@ -136,8 +153,8 @@ inline membership agree_on_survivors(rendezvous::store& store, std::string_view 
     const auto now = clk::now();
     const auto arrived = store.add(prefix + "arrived", 0);
     if (arrived >= expected || now >= t0 + o.window) {
-      // Decide with every survivor that took a number so far (one that took it and has not
-      // filed its rank yet is alive: it files it right after; wait for it briefly).
+      // Decide with every rank that took a number so far (one that took it and has not filed
+      // its rank yet is alive: it files it right after; wait for it briefly).
       std::vector<int> ranks;
       for (std::int64_t k = 1; k <= arrived; ++k) {
         const std::string key = prefix + "arrival/" + std::to_string(k);
@@ -150,67 +167,246 @@ inline membership agree_on_survivors(rendezvous::store& store, std::string_view 
           }
         }
         const auto parsed = detail::parse_members(*v, key);
-        if (parsed.size() == 1 && parsed[0] < old_size) ranks.push_back(parsed[0]);
+        if (parsed.size() == 1 && parsed[0] < id_limit) ranks.push_back(parsed[0]);
       }
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-      std::string text;
-      for (int r : ranks) {  // (appends: GCC 12 at -O3 misreads ("" or ",") + string as overlapping copies)
-        if (!text.empty()) text += ',';
-        text += std::to_string(r);
-      }
-      agreed = store.compare_set(decision, std::nullopt, text).current;
+      agreed = store.compare_set(decision, std::nullopt, membership::list(ranks)).current;
       if (agreed) break;
     }
     if (now >= deadline)
-      throw timeout_error("agreeing on the survivors of " + std::string(scope) + " (generation " +
+      throw timeout_error("agreeing on the members of " + std::string(scope) + " (generation " +
                               std::to_string(generation) + "): no decision within " +
                               kft::detail::describe_duration(o.timeout) + " (" + std::to_string(arrived) + " of " +
-                              std::to_string(expected) + " expected survivors arrived; store " + store.describe() + ")",
-                          error_site::in({}, old_rank, old_size, "shrink", generation));
+                              std::to_string(expected) + " expected ranks arrived; store " + store.describe() + ")",
+                          error_site::in({}, id, id_limit, "shrink", generation));
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(5000));
   }
   membership m;
   m.generation = generation;
-  m.old_size = old_size;
   m.members = detail::parse_members(*agreed, decision);
-  const auto me = std::find(m.members.begin(), m.members.end(), old_rank);
+  const auto me = std::find(m.members.begin(), m.members.end(), id);
   if (me == m.members.end())
-    throw membership_error("rank " + std::to_string(old_rank) + " of " + std::to_string(old_size) + " in " +
+    throw membership_error("rank " + std::to_string(id) + " of " + std::to_string(id_limit) + " in " +
                                std::string(scope) + " was left out of generation " + std::to_string(generation) +
-                               ": the survivors agreed on ranks " + m.describe() + " before it arrived (" +
+                               ": the others agreed on ranks " + m.describe() + " before it arrived (" +
                                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - t0).count()) +
                                " ms after its arrival; shrink_options::window is " +
                                kft::detail::describe_duration(o.window) +
-                               " after the first survivor's); it must leave the job (or join it again as a new rank)",
-                           error_site::in({}, old_rank, old_size, "shrink", generation));
+                               " after the first one's); it must leave the job (or join it again as a new rank)",
+                           error_site::in({}, id, id_limit, "shrink", generation));
   m.rank = static_cast<int>(me - m.members.begin());
   return m;
 }
 
-/// @brief A shrunk shared-memory communicator and the membership it spans.
+/// @brief Collective over the survivors: agrees, through `store`, on the survivors of a group of
+/// `old_size` ranks called `scope`, for generation `generation` (>= 1). `known_lost`: the ranks
+/// this rank knows are gone (what it expects not to arrive). Ranks are the group's own (0..old_size-1).
+/// @throws membership_error when this rank arrived after the decision that left it out
+/// @throws timeout_error when the store does not answer within `o.timeout`
+inline membership agree_on_survivors(rendezvous::store& store, std::string_view scope, std::uint64_t generation,
+                                     int old_rank, int old_size, std::span<const int> known_lost,
+                                     const shrink_options& o = {}) {
+  if (old_size < 1 || old_rank < 0 || old_rank >= old_size || generation < 1)
+    throw usage_error("agree_on_survivors: rank " + std::to_string(old_rank) + " of " + std::to_string(old_size) +
+                          ", generation " + std::to_string(generation) + " (ranks 0..size-1, generation >= 1)",
+                      error_site::of("shrink"));
+  std::int64_t lost = 0;
+  for (int r : known_lost) lost += r >= 0 && r < old_size && r != old_rank;
+  membership m = agree_on_members(store, scope, generation, old_rank, old_size, old_size - lost, o);
+  m.old_size = old_size;
+  return m;
+}
+
+// ---- growing back: a rank joins a running group (a restarted worker, a spare) ----
+//
+// Keys under `join/<scope>/` (the same store as the shrinks'):
+//   tickets       a counter: each rank that asks to join takes the next number
+//   ticket/<t>    the founding rank ticket t asks to join as
+//   admit/<t>     "<generation> <expected> <tickets>": the group's answer, written by its rank 0
+//                 when it admits ticket t at a step boundary; then the joiners and the members
+//                 meet as that generation (agree_on_members) and build the larger group
+//   closed        the group finished: a joiner still waiting leaves (join_closed_error)
+
+/// @brief The group a rank asked to join has finished (no more steps to join at): not a
+/// failure of the job; a program exits 0 on it.
+class join_closed_error : public membership_error {
+  using membership_error::membership_error;
+};
+
+namespace detail {
+inline std::string join_prefix(std::string_view scope) { return "join/" + std::string(scope) + "/"; }
+}  // namespace detail
+
+/// @brief How many ranks have asked to join `scope` so far (a counter that only grows; the
+/// members compare it with how many they admitted). One store call.
+inline std::int64_t join_tickets(rendezvous::store& store, std::string_view scope) {
+  return store.add(detail::join_prefix(scope) + "tickets", 0);
+}
+
+/// @brief Tells ranks still waiting to join `scope` that the group finished. Rank 0 calls it.
+inline void close_joins(rendezvous::store& store, std::string_view scope) {
+  store.set(detail::join_prefix(scope) + "closed", "1");
+}
+
+/// @brief What a joiner was admitted to.
+struct admission {
+  std::uint64_t generation = 0;  ///< the generation it meets the members as
+  std::int64_t expected = 0;     ///< how many ranks that generation expects
+  std::int64_t tickets = 0;      ///< tickets admitted up to and including this round
+};
+
+/// @brief The members' side, called by the group's rank 0 only: admits tickets
+/// `admitted + 1 .. tickets` to generation `generation` of `expected` ranks.
+inline void admit_joiners(rendezvous::store& store, std::string_view scope, std::int64_t admitted,
+                          std::int64_t tickets, std::uint64_t generation, std::int64_t expected) {
+  const std::string p = detail::join_prefix(scope);
+  const std::string value =
+      std::to_string(generation) + " " + std::to_string(expected) + " " + std::to_string(tickets);
+  for (std::int64_t t = admitted + 1; t <= tickets; ++t) store.set(p + "admit/" + std::to_string(t), value);
+}
+
+/// @brief The joiner's side: asks to join `scope` as founding rank `id` (below `id_limit`) and
+/// waits, up to `wait`, until the group admits it at a step boundary.
+/// @throws join_closed_error when the group finished first; timeout_error after `wait`
+inline admission request_to_join(rendezvous::store& store, std::string_view scope, int id, int id_limit,
+                                 std::chrono::milliseconds wait) {
+  using clk = std::chrono::steady_clock;
+  const auto site = error_site::in({}, id, id_limit, "join");
+  if (id < 0 || id >= id_limit)
+    throw usage_error("request_to_join: rank " + std::to_string(id) + " of " + std::to_string(id_limit), site);
+  const std::string p = detail::join_prefix(scope);
+  const auto ticket = store.add(p + "tickets", 1);
+  store.set(p + "ticket/" + std::to_string(ticket), std::to_string(id));
+  const std::string key = p + "admit/" + std::to_string(ticket);
+  const auto t0 = clk::now();
+  auto pause = std::chrono::microseconds(500);
+  while (true) {
+    if (auto v = store.try_get(key)) {
+      admission a;
+      unsigned long long g = 0;
+      long long e = 0, t = 0;
+      if (std::sscanf(v->c_str(), "%llu %lld %lld", &g, &e, &t) != 3 || g < 1 || e < 1 || t < ticket)
+        throw membership_error("store key " + key + " holds '" + *v + "', not '<generation> <expected> <tickets>'", site);
+      a.generation = g;
+      a.expected = e;
+      a.tickets = t;
+      return a;
+    }
+    if (store.try_get(p + "closed"))
+      throw join_closed_error("rank " + std::to_string(id) + " asked to join " + std::string(scope) +
+                                  " (ticket " + std::to_string(ticket) + "), but the group finished first: nothing is "
+                                  "left to train",
+                              site);
+    if (clk::now() - t0 >= wait)
+      throw timeout_error("rank " + std::to_string(id) + " asked to join " + std::string(scope) + " (ticket " +
+                              std::to_string(ticket) + ") and was not admitted within " +
+                              kft::detail::describe_duration(wait) +
+                              " (the group admits joiners at a step boundary while it has lost ranks; store " +
+                              store.describe() + ")",
+                          site);
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(20000));
+  }
+}
+
+/// @brief A shrunk (or grown) shared-memory communicator and the membership it spans.
 struct shrunk_shm {
   shm::communicator comm;
   membership members;
 };
 
+namespace detail {
+// The founding ranks of a communicator's ranks (config::members; empty: its own ranks).
+inline std::vector<int> founding_ranks(const shm::communicator& c) {
+  const auto& m = c.configuration().members;
+  if (!m.empty()) return m;
+  std::vector<int> all(static_cast<std::size_t>(c.size()));
+  for (int r = 0; r < c.size(); ++r) all[static_cast<std::size_t>(r)] = r;
+  return all;
+}
+inline int founding_size(const shm::communicator& c) {
+  return c.configuration().founding_size > 0 ? c.configuration().founding_size : c.size();
+}
+// The communicator of generation `m.generation` over `m.members`.
+inline shm::communicator build_generation(std::shared_ptr<rendezvous::store> store, shm::config cfg,
+                                          const membership& m, int founding) {
+  cfg.generation = m.generation;
+  cfg.members = m.members;
+  cfg.founding_size = founding;
+  // Messages keep naming ranks as the job numbers them ("rank 1 (job rank 3)").
+  if (cfg.identity.world_rank < 0) cfg.identity.world_rank = m.members[static_cast<std::size_t>(m.rank)];
+  if (cfg.identity.world_size < 0) cfg.identity.world_size = founding;
+  return shm::communicator(std::move(store), m.rank, m.size(), std::move(cfg));
+}
+}  // namespace detail
+
+/// @brief The agreement scope of a shared-memory communicator's generations.
+inline std::string shrink_scope(const shm::config& cfg) { return "shm/" + cfg.name; }
+
 /// @brief Collective over the survivors of `failed` (a communicator whose call failed because a
 /// rank died): agrees on the survivors through `store` (the store it was built with, or any
 /// store all of them reach) and builds a communicator over them, generation + 1. `failed` is
-/// left as it is (destroy or replace it).
+/// left as it is (destroy or replace it). The membership names ranks by their founding rank.
 inline shrunk_shm shrink(shm::communicator& failed, std::shared_ptr<rendezvous::store> store,
                          const shrink_options& o = {}) {
   if (!store) throw usage_error("shrink: no store", error_site::of("shrink"));
-  shm::config cfg = failed.configuration();
-  const std::uint64_t generation = cfg.generation + 1;
+  const shm::config& cfg = failed.configuration();
+  const auto ids = detail::founding_ranks(failed);
+  const int founding = detail::founding_size(failed);
   const auto lost = failed.lost_ranks();
-  membership m = agree_on_survivors(*store, "shm/" + cfg.name, generation, failed.rank(), failed.size(), lost, o);
-  cfg.generation = generation;
-  // Messages keep naming ranks as the job numbers them ("rank 1 (job rank 3)").
-  if (cfg.identity.world_rank < 0) cfg.identity.world_rank = failed.rank();
-  if (cfg.identity.world_size < 0) cfg.identity.world_size = failed.size();
-  return {shm::communicator(std::move(store), m.rank, m.size(), std::move(cfg)), std::move(m)};
+  std::int64_t gone = 0;
+  for (int r : lost) gone += r >= 0 && r < failed.size() && r != failed.rank();
+  membership m = agree_on_members(*store, shrink_scope(cfg), cfg.generation + 1, ids[static_cast<std::size_t>(failed.rank())],
+                                  founding, failed.size() - gone, o);
+  m.old_size = failed.size();
+  m.before = ids;
+  auto comm = detail::build_generation(std::move(store), cfg, m, founding);
+  return {std::move(comm), std::move(m)};
+}
+
+/// @brief Collective over `current`'s ranks, at a point where all of them are between calls (a
+/// step boundary): admits the ranks that asked to join since `admitted` tickets (up to
+/// `tickets`, which every rank passes equal: rank 0 read it, e.g. with join_tickets, and
+/// broadcast it) and builds the larger communicator with them, generation + 1.
+inline shrunk_shm grow(shm::communicator& current, std::shared_ptr<rendezvous::store> store, std::int64_t admitted,
+                       std::int64_t tickets, const shrink_options& o = {}) {
+  if (!store) throw usage_error("grow: no store", error_site::of("join"));
+  if (tickets <= admitted)
+    throw usage_error("grow: no ranks to admit (tickets " + std::to_string(admitted) + ".." + std::to_string(tickets) + ")",
+                      error_site::of("join"));
+  const shm::config& cfg = current.configuration();
+  const auto ids = detail::founding_ranks(current);
+  const int founding = detail::founding_size(current);
+  const std::uint64_t generation = cfg.generation + 1;
+  const std::int64_t expected = current.size() + (tickets - admitted);
+  if (current.rank() == 0) admit_joiners(*store, shrink_scope(cfg), admitted, tickets, generation, expected);
+  membership m =
+      agree_on_members(*store, shrink_scope(cfg), generation, ids[static_cast<std::size_t>(current.rank())], founding, expected, o);
+  m.old_size = current.size();
+  m.before = ids;
+  auto comm = detail::build_generation(std::move(store), cfg, m, founding);
+  return {std::move(comm), std::move(m)};
+}
+
+/// @brief A rank joining a running group: asks through `store` to join the group `cfg` names
+/// (its name, as the members built it) as founding rank `id` of `founding` ranks, waits up to
+/// `wait` to be admitted at a step boundary, then meets the members and builds the larger
+/// communicator with them. `tickets` receives how many join tickets the group has admitted.
+/// @throws join_closed_error when the group finished first
+inline shrunk_shm join(std::shared_ptr<rendezvous::store> store, shm::config cfg, int id, int founding,
+                       std::chrono::milliseconds wait, const shrink_options& o = {}, std::int64_t* tickets = nullptr) {
+  if (!store) throw usage_error("join: no store", error_site::of("join"));
+  const std::string scope = shrink_scope(cfg);
+  const admission a = request_to_join(*store, scope, id, founding, wait);
+  membership m = agree_on_members(*store, scope, a.generation, id, founding, a.expected, o);
+  m.before = m.members;  // (unknown here: everyone else was there before)
+  m.before.erase(std::find(m.before.begin(), m.before.end(), id));
+  m.old_size = static_cast<int>(m.before.size());
+  if (tickets) *tickets = a.tickets;
+  auto comm = detail::build_generation(std::move(store), std::move(cfg), m, founding);
+  return {std::move(comm), std::move(m)};
 }
 
 }  // namespace group

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <kft/core/error.hpp>
 #include <kft/core/timeout.hpp>
@@ -60,6 +61,10 @@ struct config {
   /// How many times this group has shrunk (group/shrink.hpp): 0 for a group as the job built
   /// it; the survivors of generation g build g + 1 under keys of their own.
   std::uint64_t generation = 0;
+  /// A changed generation's ranks by their founding rank (the rank each had in generation 0,
+  /// a node's local rank), and how many ranks generation 0 had; empty / 0 for generation 0.
+  std::vector<int> members;
+  int founding_size = 0;
   group_identity identity{};                 ///< where this node's group sits in the job (messages)
   /// What algo::automatic runs, by size (tuning.hpp), first matching row first; a machine measured
   /// differently brings its own rows (`KFT_SHM_TUNING`, written by `bench/scripts/tune_shm.py`; `keep_table`).
