@@ -331,6 +331,7 @@ def bad_input():
         (["--on-failure", "retry", "--", "true"], {}, "--on-failure"),
         (["--nnodes", "2", "--on-failure", "continue", "--", "true"], {"KFT_RDZV_TOKEN": "t"},
          '--on-failure="continue" keeps the survivors of one node for now'),
+        (["--on-failure", "heal", "--", "true"], {}, '--max-restarts="0" is how many replacements --on-failure heal'),
     ]:
         p, _ = run(args, **extra)
         expect(p.returncode == 2 and text in p.stderr, f"refused with exit 2: {' '.join(args)}", p.returncode, p.stderr)
@@ -340,6 +341,20 @@ def bad_input():
     expect(p.returncode == 3 and "rank 1 (local rank 1) was killed by signal 9" in p.stderr and
            "the other workers go on" in p.stderr and "on_failure=continue" in p.stdout,
            "--on-failure continue with nobody left: exit 3 (rank lost), naming rank 1", p.returncode, p.stdout, p.stderr)
+    # --on-failure heal: the lost worker is replaced once (same rank, KFT_JOIN=1, told the policy);
+    # the other worker never sees KFT_JOIN, even when kftrun's own environment has it.
+    p, _ = run(["--nproc-per-node", "2", "--on-failure", "heal", "--max-restarts", "1", "--", "sh", "-c",
+                'if [ "$RANK" = 1 ] && [ -z "$KFT_JOIN" ]; then kill -9 $$; fi; sleep 0.3; '
+                'echo "rank=$RANK join=${KFT_JOIN:-none} on_failure=$KFT_ON_FAILURE"'], KFT_JOIN="7")
+    expect(p.returncode == 0 and "rank=1 join=1 on_failure=heal" in p.stdout and "rank=0 join=none" in p.stdout and
+           "replacement 1 of at most 1" in p.stderr, "--on-failure heal: rank 1 replaced once, with KFT_JOIN=1",
+           p.returncode, p.stdout, p.stderr)
+    # ... and only --max-restarts times: a replacement that dies too is lost for good.
+    p, _ = run(["--nproc-per-node", "2", "--on-failure", "heal", "--max-restarts", "1", "--", "sh", "-c",
+                'if [ "$RANK" = 1 ]; then kill -9 $$; fi; sleep 0.5; echo "rank=$RANK done"'])
+    expect(p.returncode == 0 and p.stderr.count("a replacement joins them") == 1 and "rank=0 done" in p.stdout and
+           "lost on the way: rank(s) 1, 1" in p.stderr, "--on-failure heal: at most --max-restarts replacements",
+           p.returncode, p.stdout, p.stderr)
     p, _ = run(["--nproc-per-node", "1", "--", "/nonexistent/program" + MARK])
     expect(p.returncode == 127 and "could not start \"/nonexistent/program" in p.stderr and
            "No such file or directory" in p.stderr, "a program that cannot start: exit 127 and why", p.returncode,

@@ -559,3 +559,81 @@ BOOST_AUTO_TEST_CASE(bad_arguments_to_the_agreement_are_refused) {
   s.set("shrink/y/g1/members", "0,zero");
   BOOST_CHECK_THROW(kft::group::agree_on_survivors(s, "y", 1, 0, 2, {}), kft::group::membership_error);
 }
+
+// ---- growing back: a rank joins a running group (group/shrink.hpp) --------------------------
+
+BOOST_AUTO_TEST_CASE(a_joiner_is_admitted_at_a_boundary_and_meets_the_members_as_one_generation) {
+  kft::rendezvous::memory_store s;
+  // Members 0,1,3 (generation 1, rank 2 lost); founding rank 2 asks to join; rank 0 of the
+  // members sees the ticket, admits it to generation 2 of 4, and all four meet.
+  std::vector<agreed> r(4);
+  std::int64_t joiner_tickets = 0;
+  std::vector<std::thread> ts;
+  ts.emplace_back([&] {  // the joiner
+    try {
+      const auto a = kft::group::request_to_join(s, "g", 2, 4, std::chrono::seconds(20));
+      joiner_tickets = a.tickets;
+      auto m = kft::group::agree_on_members(s, "g", a.generation, 2, 4, a.expected);
+      r[2].members = m.members;
+      r[2].rank = m.rank;
+    } catch (const kft::error& e) {
+      r[2].error = e.what();
+    }
+  });
+  for (int id : {0, 1, 3})
+    ts.emplace_back([&, id] {
+      try {
+        if (id == 0) {
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+          while (kft::group::join_tickets(s, "g") == 0 && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          kft::group::admit_joiners(s, "g", 0, kft::group::join_tickets(s, "g"), 2, 4);
+        }
+        auto m = kft::group::agree_on_members(s, "g", 2, id, 4, 4);
+        m.before = {0, 1, 3};
+        r[static_cast<std::size_t>(id)].members = m.members;
+        r[static_cast<std::size_t>(id)].rank = m.rank;
+        if (m.joined() != std::vector<int>{2} || !m.lost().empty()) r[static_cast<std::size_t>(id)].error = "joined/lost";
+      } catch (const kft::error& e) {
+        r[static_cast<std::size_t>(id)].error = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int id = 0; id < 4; ++id) {
+    BOOST_TEST(r[static_cast<std::size_t>(id)].error == "");
+    BOOST_TEST(r[static_cast<std::size_t>(id)].members == (std::vector<int>{0, 1, 2, 3}), boost::test_tools::per_element());
+    BOOST_TEST(r[static_cast<std::size_t>(id)].rank == id);  // founding rank 2 takes its old place
+  }
+  BOOST_TEST(joiner_tickets == 1);
+}
+
+BOOST_AUTO_TEST_CASE(a_joiner_is_told_the_group_finished_or_not_admitted_in_time) {
+  {
+    kft::rendezvous::memory_store s;
+    kft::group::close_joins(s, "done");
+    try {
+      (void)kft::group::request_to_join(s, "done", 1, 4, std::chrono::seconds(20));
+      BOOST_FAIL("a closed group admitted a joiner");
+    } catch (const kft::group::join_closed_error& e) {
+      BOOST_TEST(std::string(e.what()).find("the group finished first") != std::string::npos, e.what());
+    }
+  }
+  {
+    kft::rendezvous::memory_store s;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      (void)kft::group::request_to_join(s, "busy", 1, 4, std::chrono::milliseconds(150));
+      BOOST_FAIL("a joiner nobody admitted returned");
+    } catch (const kft::timeout_error& e) {
+      BOOST_TEST(std::string(e.what()).find("(ticket 1) and was not admitted within") != std::string::npos, e.what());
+    }
+    BOOST_TEST(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 5.0);
+  }
+  {
+    kft::rendezvous::memory_store s;
+    s.set("join/bad/admit/1", "two 4 1");
+    BOOST_CHECK_THROW((void)kft::group::request_to_join(s, "bad", 1, 4, std::chrono::seconds(5)),
+                      kft::group::membership_error);
+    BOOST_CHECK_THROW((void)kft::group::request_to_join(s, "bad", 4, 4, std::chrono::seconds(5)), kft::usage_error);
+  }
+}
