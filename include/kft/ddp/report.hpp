@@ -135,10 +135,21 @@ class console_report : public observer {
 
   void on_note(const std::string& s) override { say(s); }
 
+  /// @brief The group changed (a shrink or a join) and this process is now rank `rank`: the
+  /// new rank 0 takes over the report (rows, summary, the JSON log, appended to) where a lost
+  /// rank 0 left it; a rank that is no longer 0 stops reporting.
+  void set_rank(int rank) {
+    const bool on = rank == 0;
+    if (on == on_) return;
+    on_ = on;
+    if (on_ && !path_.empty() && !log_) log_ = std::fopen(path_.c_str(), "a");  // (unwritable: the rows still print)
+    if (on_) tty_ = ::isatty(2) == 1;
+  }
+
   void on_start(const run_info& r) override {
-    if (!on_) return;
-    ms_ = r.metrics;
+    ms_ = r.metrics;  // (on every rank: another may take over the report after a shrink)
     evaluates_ = r.evaluates;
+    if (!on_) return;
     say("kft ddp: " + (r.label.empty() ? std::string() : r.label + ", ") + std::to_string(r.ranks) + " rank(s)" +
         (r.group.empty() ? std::string() : " (" + r.group + ")") +
         (r.threads ? ", " + std::to_string(r.threads) + " compute thread(s) per rank" : std::string()) + "\n  " +

@@ -1087,6 +1087,7 @@ class trainer {
                               "divisors); the step's error was: " + e.what(),
                           site("ddp shrink", step_ + 1));
       r_.emplace(g_, params_, ro_, trainer_hook{false});
+      console_->set_rank(g_.rank());  // (a lost rank 0: the new one reports)
       // Where training stands: a survivor may have finished the step (its last collective
       // failed after the update), the others not.
       auto lo = static_cast<std::int64_t>(step_), hi = lo;
@@ -1155,6 +1156,7 @@ class trainer {
                               std::to_string(o_.micro_shards) + ") is not a multiple of it",
                           site("ddp join", step_));
       r_.emplace(g_, params_, ro_, trainer_hook{false});
+      console_->set_rank(g_.rank());  // (founding rank 0 back: it reports again)
       verify_metrics();  // (what a newcomer's constructor does after building its reducer)
       welcome_newcomers(false);
       if (g_.rank() == 0)
