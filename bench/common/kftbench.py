@@ -137,7 +137,7 @@ def _kill_group(proc):
         pass
 
 
-def run(cmd, *, limit, env=None, attempts=3, leftovers=None):
+def run(cmd, *, limit, env=None, attempts=3, leftovers=None, merge_stderr=False):
     """Runs `cmd` and returns its standard output. The bench scripts' one policy, the most careful
     of the three they had (no retry at all; two attempts, the hang printed; three, the hangs
     listed at the end):
@@ -153,7 +153,8 @@ def run(cmd, *, limit, env=None, attempts=3, leftovers=None):
         with the command's whole output on stderr and the command named;
       - Ctrl-C kills the command's group too.
 
-    `env` is added to this process's environment; a name mapped to None is removed."""
+    `env` is added to this process's environment; a name mapped to None is removed.
+    `merge_stderr`: the command's standard error is returned too, interleaved with its output."""
     e = dict(os.environ)
     for name, value in (env or {}).items():
         if value is None:
@@ -161,8 +162,8 @@ def run(cmd, *, limit, env=None, attempts=3, leftovers=None):
         else:
             e[name] = value
     for attempt in range(attempts):
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                                text=True, env=e, start_new_session=True)
         try:
             out, err = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -179,7 +180,7 @@ def run(cmd, *, limit, env=None, attempts=3, leftovers=None):
             raise
         if proc.returncode != 0:
             sys.stderr.write(out)
-            sys.stderr.write(err)
+            sys.stderr.write(err or "")
             sys.exit(f"{who()}: {' '.join(cmd)} exited {proc.returncode}")
         return out
     sys.exit(f"{who()}: {' '.join(cmd)} did not finish within {limit} s in {attempts} attempts")
