@@ -32,12 +32,13 @@ from procs import expect  # (this folder is on the path when run as a script)
 KFTRUN, WORKER = sys.argv[1:3]
 
 
-def run(victim, kill_step, *extra, policy="continue", join_delay_ms=None):
+def run(victim, kill_step, *extra, policy="continue", join_delay_ms=None, kill_in_eval=None):
     out = tempfile.mkdtemp(prefix="kft-trainer-shrink-")
     p = subprocess.run([KFTRUN, "--nproc-per-node", "4", "--on-failure", policy,
                         *(["--max-restarts", "1"] if policy == "heal" else []), "--exit-grace", "0", "--", WORKER, out, str(victim), str(kill_step), *extra],
                        capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, **({"TRAINER_SHRINK_JOIN_DELAY_MS": str(join_delay_ms)} if join_delay_ms else {})))
+                       env=dict(os.environ, **({"TRAINER_SHRINK_JOIN_DELAY_MS": str(join_delay_ms)} if join_delay_ms else {}),
+                                **({"TRAINER_SHRINK_KILL_IN_EVAL": str(kill_in_eval)} if kill_in_eval else {})))
     seen = collections.defaultdict(list)  # (epoch, sample) -> [(rank, step)]
     for name in os.listdir(out):
         rank = int(name.split(".")[1]) + 100 * int(name.split(".")[2])  # (a replacement: 100 + its rank)
@@ -47,11 +48,14 @@ def run(victim, kill_step, *extra, policy="continue", join_delay_ms=None):
                 seen[(e, i)].append((rank, step))
         os.unlink(os.path.join(out, name))
     os.rmdir(out)
-    hashes = {}
+    hashes, evals = {}, {}
     for line in p.stdout.splitlines():
         if "trainer_shrink: rank" in line and "joined too late" not in line:
             parts = line.split("trainer_shrink: ")[1].split()
             hashes[int(parts[1])] = (parts[5], int(parts[7]), int(parts[3]))
+            if len(parts) > 11:
+                evals[int(parts[1])] = (int(parts[9]), parts[11])
+    p.evals = evals
     return p, seen, hashes
 
 
@@ -124,6 +128,23 @@ def main():
             expect({x for x, _, _ in healed.values()} == {x for x, _, _ in ref.values()},
                    "deterministic heal: a run that lost and regained a rank ends on the uninterrupted run's bits",
                    healed, ref)
+        # A rank lost in an evaluation (its 2nd, after step 6; evaluations every 3 steps and at
+        # each epoch's end): the survivors redo it (or take it from one that finished it) and go on.
+        v, seen4, ev = run(2, 0, *mode, kill_in_eval=2)
+        expect(v.returncode == 0 and sorted(ev) == [0, 1, 3], f"{label} eval loss: ranks 0, 1 and 3 finish",
+               v.returncode, ev, v.stderr[-3000:])
+        expect("lost rank(s) 2 of 4" in v.stderr and ("redoing the evaluation" in v.stderr or
+                                                        "the evaluation was finished by a survivor" in v.stderr),
+               f"{label} eval loss: the trainer says it lost rank 2 in an evaluation", v.stderr[-3000:])
+        expect(len({x for x, _, _ in ev.values()}) == 1 and all(st == 20 for _, st, _ in ev.values()),
+               f"{label} eval loss: 20 steps, the same parameters", ev)
+        expect(len(set(v.evals.values())) == 1 and list(v.evals.values())[0][0] == 8,
+               f"{label} eval loss: every survivor has the same 8 evaluations, the same last loss", v.evals)
+        expect(all(len(x) == 1 for x in seen4.values()) and len(seen4) == 480,
+               f"{label} eval loss: every sample exactly once in each of the 2 epochs", len(seen4))
+        if mode:
+            expect({x for x, _, _ in ev.values()} == {x for x, _, _ in ref.values()},
+                   "deterministic eval loss: the uninterrupted run's bits", ev, ref)
     # A replacement that comes after the last step (it starts 3 s late; the survivors redo step
     # 20 and finish in well under that): the job is done, it leaves (exit 0).
     late, _, done = run(2, 20, policy="heal", join_delay_ms=3000)

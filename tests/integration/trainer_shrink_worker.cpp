@@ -15,7 +15,8 @@
 // until the replacement asks to join (so it joins at that step boundary however slowly it
 // starts); a replacement that finds the job finished (TRAINER_SHRINK_JOIN_DELAY_MS: it sleeps
 // that long first, a slow restart) prints "trainer_shrink: rank R joined too
-// late" and exits 0.
+// late" and exits 0. TRAINER_SHRINK_KILL_IN_EVAL=n: evaluations of 60 test samples every 3
+// steps and at each epoch's end, and the victim dies in its n-th evaluation instead.
 #include <signal.h>
 
 #include <cmath>
@@ -88,7 +89,11 @@ struct regression {
     pending.insert(pending.end(), idx.begin(), idx.end());
     return run(idx, &g);
   }
-  ddp::stats evaluate(std::span<const std::uint32_t> idx) { return run(idx, nullptr); }
+  int eval_kill = 0, evals = 0;  // TRAINER_SHRINK_KILL_IN_EVAL: the victim dies in its n-th evaluation
+  ddp::stats evaluate(std::span<const std::uint32_t> idx) {
+    if (++evals == eval_kill && job_rank == victim) ::raise(SIGKILL);
+    return run(idx, nullptr);
+  }
 };
 
 }  // namespace
@@ -154,11 +159,16 @@ int main(int argc, char** argv) {
           std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     };
+    if (const char* e = std::getenv("TRAINER_SHRINK_KILL_IN_EVAL")) {  // evaluations every 3 steps, 60 test samples
+      m.eval_kill = std::atoi(e);
+      o.eval_every = 3;
+    }
     ddp::trainer<regression, ddp::sgd> t(pg, m, opt, o);
     tp = &t;
-    const auto sum = t.fit(samples);
-    std::printf("trainer_shrink: rank %d of %d hash %llu steps %llu\n", job_rank, pg.size(),
-                static_cast<unsigned long long>(sum.parameters_hash), static_cast<unsigned long long>(sum.steps));
+    const auto sum = t.fit(samples, m.eval_kill ? 60 : 0);
+    std::printf("trainer_shrink: rank %d of %d hash %llu steps %llu evals %zu loss %.17g\n", job_rank, pg.size(),
+                static_cast<unsigned long long>(sum.parameters_hash), static_cast<unsigned long long>(sum.steps),
+                sum.evals.size(), sum.evals.empty() ? 0.0 : sum.evals.back().loss);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trainer_shrink_worker: %s\n", e.what());
     return 1;

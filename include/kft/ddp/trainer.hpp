@@ -515,11 +515,13 @@ class trainer {
           ms_.merge(es, st);
         } catch (const remote_error& lost) {
           if (!o_.shrink_store) throw;
-          if (!go_on_without_lost_ranks(lost, step_before)) {
-            data.restore(position);  // no survivor finished the step: all redo it, shares re-cut
+          if (go_on_without_lost_ranks(lost, phase::step, step_before) == recovery::redo) {
+            data.restore(position);  // this rank redoes the step with the others, shares re-cut
             continue;
           }
         }
+        ++phases_;
+        last_phase_ = phase::step;
         if (o_.on_step) o_.on_step(step_);
         ++k;
         sum.samples += last_samples_;
@@ -537,7 +539,11 @@ class trainer {
         if (o_.stop_at_target && sum.seconds_to_target) stop = sum.stopped_at_target = true;  // (the same on every rank)
       }
       // The epoch's training statistics over every rank.
-      reduce(es);
+      es = survive(phase::epoch_statistics, [&] {
+        stats s = es;
+        reduce(s);
+        return s;
+      });
       const double train_s = seconds(te, clk::now()) - eval_s;
       if (test_size_ && (!o_.eval_every || sum.evals.empty() || sum.evals.back().step != step_)) {
         const auto t0 = clk::now();
@@ -1064,22 +1070,49 @@ class trainer {
     if constexpr (on_device) refuse("on a device group");
   }
 
-  // A rank died during the step (`e`): shrink, rebuild the reducer, and agree on where training
-  // stands. True: some survivor finished the step (its state is everyone's now, go on); false:
-  // nobody did (redo it).
-  bool go_on_without_lost_ranks(const remote_error& e, std::uint64_t step_before) {
+  // ---- the collective phases of fit(), survived ----
+  // fit() is a sequence of collective phases: steps, evaluations, the epoch's statistics.
+  // `phases_` counts those this rank finished. When a rank dies in one, the survivors may
+  // stand one phase apart: a survivor that finished phase n (its last collective of it
+  // completed) fails in phase n + 1 while the others fail in phase n. After the shrink they
+  // compare their counts: the ones behind take phase n's outcome from the lowest rank that
+  // finished it (a step: parameters, optimizer state, step; an evaluation or the epoch's
+  // statistics: the reduced statistics) and go on; the ones ahead, or everyone when all stand
+  // together, redo the phase they were in.
+  enum class phase : std::int64_t { step = 1, evaluation = 2, epoch_statistics = 3 };
+  enum class recovery { redo, caught_up };
+  static const char* name_of(phase k) {
+    return k == phase::step ? "step" : k == phase::evaluation ? "evaluation" : "epoch's statistics";
+  }
+
+  // A phase whose outcome is reduced statistics, survived (trainer_options::shrink_store).
+  template <class F>
+  stats survive(phase k, F&& run) {
+    while (true) {
+      try {
+        stats out = run();
+        last_phase_ = k;
+        last_outcome_ = out;
+        ++phases_;
+        return out;
+      } catch (const remote_error& lost) {
+        if (!o_.shrink_store) throw;
+        if (go_on_without_lost_ranks(lost, k, step_) == recovery::caught_up) {
+          ++phases_;
+          return last_outcome_;  // (received from a rank that finished the phase)
+        }
+      }
+    }
+  }
+
+  // A rank died during phase `k` (`e`): shrink, rebuild the reducer, and agree on where training
+  // stands (above).
+  recovery go_on_without_lost_ranks(const remote_error& e, phase k, std::uint64_t step_before) {
     if constexpr (requires(Group& g) { g.shrink(o_.shrink_store, o_.shrink); }) {
       const int before = g_.size();
       r_.reset();  // its work on the failed group ends with the group's error
       const auto m = g_.shrink(o_.shrink_store, o_.shrink);
-      const std::string who = "rank(s) " + [&] {
-        std::string t;
-        for (int r : m.lost()) {
-          if (!t.empty()) t += ',';
-          t += std::to_string(r);
-        }
-        return t;
-      }();
+      const std::string who = "rank(s) " + group::membership::list(m.lost());
       if (o_.deterministic && o_.micro_shards % static_cast<std::uint64_t>(m.size()) != 0)
         throw usage_error("trainer: after losing " + who + ", deterministic mode cannot go on with " +
                               std::to_string(m.size()) + " ranks: micro_shards (" + std::to_string(o_.micro_shards) +
@@ -1088,26 +1121,50 @@ class trainer {
                           site("ddp shrink", step_ + 1));
       r_.emplace(g_, params_, ro_, trainer_hook{false});
       console_->set_rank(g_.rank());  // (a lost rank 0: the new one reports)
-      // Where training stands: a survivor may have finished the step (its last collective
-      // failed after the update), the others not.
-      auto lo = static_cast<std::int64_t>(step_), hi = lo;
+      std::int64_t lo = static_cast<std::int64_t>(phases_), hi = lo;
       g_.allreduce(&lo, &lo, 1, dtype::i64, op_kind::min, options{});
       g_.allreduce(&hi, &hi, 1, dtype::i64, op_kind::max, options{});
+      const bool behind = static_cast<std::int64_t>(phases_) < hi;
       if (lo != hi) {
-        // The lowest new rank among those that finished it gives its state to everyone.
-        std::int64_t src = static_cast<std::int64_t>(step_) == hi ? g_.rank() : std::numeric_limits<std::int64_t>::max();
+        // The lowest new rank among those that finished phase `hi` gives its outcome.
+        std::int64_t src = behind ? std::numeric_limits<std::int64_t>::max() : g_.rank();
         g_.allreduce(&src, &src, 1, dtype::i64, op_kind::min, options{});
-        broadcast_state(static_cast<int>(src));
-        step_ = static_cast<std::uint64_t>(hi);
+        const int root = static_cast<int>(src);
+        std::int64_t head[2] = {static_cast<std::int64_t>(last_phase_), static_cast<std::int64_t>(step_)};
+        g_.broadcast(head, head, 2, dtype::i64, root, options{});
+        if (behind && head[0] != static_cast<std::int64_t>(k))
+          throw desync_error("trainer: after losing " + who + ", rank " + std::to_string(root) + " finished a " +
+                                 name_of(static_cast<phase>(head[0])) + " where this rank was in a " + name_of(k) +
+                                 " (the ranks ran different phases of fit())",
+                             site("ddp shrink", step_ + 1));
+        if (static_cast<phase>(head[0]) == phase::step) {
+          broadcast_state(root);
+          step_ = static_cast<std::uint64_t>(head[1]);
+        } else {
+          double v[2 + stats::max_metrics];
+          v[0] = last_outcome_.loss_sum;
+          v[1] = last_outcome_.count;
+          std::copy(last_outcome_.values.begin(), last_outcome_.values.end(), v + 2);
+          g_.broadcast(v, v, 2 + stats::max_metrics, dtype::f64, root, options{});
+          if (behind) {
+            last_outcome_.loss_sum = v[0];
+            last_outcome_.count = v[1];
+            std::copy(v + 2, v + 2 + stats::max_metrics, last_outcome_.values.begin());
+            last_phase_ = k;
+          }
+        }
       }
       ++shrinks_;
-      const bool finished = static_cast<std::uint64_t>(hi) > step_before;
-      if (g_.rank() == 0)  // (also when quiet: the job changed shape)
+      if (g_.rank() == 0) {  // (also when quiet: the job changed shape)
+        const bool finished = k == phase::step ? step_ > step_before : behind;
+        const std::string then = finished ? std::string("the ") + name_of(k) + " was finished by a survivor"
+                                          : std::string("redoing the ") + name_of(k);
         std::fprintf(stderr,
-                     "kft: step %llu: lost %s of %d (%s); going on with %d rank(s) (members %s, generation %llu)%s\n",
-                     static_cast<unsigned long long>(step_before + 1), who.c_str(), before, e.what(), m.size(),
-                     m.describe().c_str(), static_cast<unsigned long long>(m.generation),
-                     finished ? ", the step was finished by a survivor" : ", redoing the step");
+                     "kft: step %llu: lost %s of %d (%s); going on with %d rank(s) (members %s, generation %llu), %s\n",
+                     static_cast<unsigned long long>(step_before + (k == phase::step ? 1 : 0)), who.c_str(), before,
+                     e.what(), m.size(), m.describe().c_str(), static_cast<unsigned long long>(m.generation),
+                     then.c_str());
+      }
       if (g_.rank() == 0 && !o_.deterministic && o_.global_batch % static_cast<std::uint64_t>(m.size()) != 0)
         std::fprintf(stderr,
                      "kft: the global batch of %llu does not divide among %d ranks: their shares are padded by "
@@ -1115,9 +1172,10 @@ class trainer {
                      "divisible by the sizes the job may shrink to, or deterministic mode, sees each exactly once)\n",
                      static_cast<unsigned long long>(o_.global_batch), m.size());
       verify_replicas("a shrink");
-      return finished;
+      if (k == phase::step) return step_ > step_before ? recovery::caught_up : recovery::redo;
+      return behind ? recovery::caught_up : recovery::redo;
     } else {
-      (void)step_before;
+      (void)k, (void)step_before;
       throw e;
     }
   }
@@ -1182,10 +1240,10 @@ class trainer {
     const int root = static_cast<int>(src);
     broadcast_state(root);
     const sampler_state ss = has_feed() ? feed().state() : sampler_state{o_.seed, epoch_, 0};
-    std::uint64_t pos[8] = {step_, ss.epoch, ss.cursor, ss.seed, rng_.state, o_.global_batch, o_.micro_shards, 0};
+    std::uint64_t pos[9] = {step_, ss.epoch, ss.cursor, ss.seed, rng_.state, o_.global_batch, o_.micro_shards, 0, phases_};
     std::string scale = scaler_.on() ? scaler_.save() : std::string();
     pos[7] = scale.size();
-    c_.broadcast(pos, pos, 8, dtype::i64, root, options{});
+    c_.broadcast(pos, pos, 9, dtype::i64, root, options{});
     scale.resize(static_cast<std::size_t>(pos[7]));
     if (pos[7]) c_.broadcast(scale.data(), scale.data(), scale.size(), dtype::u8, root, options{});
     if (newcomer) {
@@ -1194,6 +1252,7 @@ class trainer {
                               ", this rank's options say " + std::to_string(o_.seed),
                           site("ddp join"));
       step_ = resumed_step_ = pos[0];
+      phases_ = pos[8];
       restored_ = sampler_state{pos[3], pos[1], pos[2]};
       epoch_ = pos[1];
       rng_.state = pos[4];
@@ -1450,7 +1509,7 @@ class trainer {
     if constexpr (evaluable<M>) {
       const stats t = [&] {
         if constexpr (streams) return evaluate(*test_src_);
-        else return evaluate(test_size_);
+        else return survive(phase::evaluation, [&] { return evaluate(test_size_); });
       }();
       eval_point p;
       p.step = step_;
@@ -1487,6 +1546,9 @@ class trainer {
   std::vector<parameter> params_;  // what the reducer was built with (rebuilt after a shrink)
   reducer_options ro_;
   std::uint64_t shrinks_ = 0;      // times the group shrank under this trainer
+  std::uint64_t phases_ = 0;       // collective phases of fit() this rank finished (survive)
+  phase last_phase_ = phase::step;  // the last one, and its outcome when it was statistics
+  stats last_outcome_{};
   std::vector<std::span<float>> views_;
   std::vector<batch_type> micro_;  // the first micro_n_ are this step's
   std::size_t micro_n_ = 0;
