@@ -74,10 +74,10 @@ struct shrink_options {
 /// so a rank that rejoins keeps its name.
 struct membership {
   std::uint64_t generation = 0;  ///< 1 after the first change (a shrink or a join), 2 after the second, ...
-  std::vector<int> members;      ///< this generation's ranks, by founding rank, ascending
+  std::vector<int> members{};    ///< this generation's ranks, by founding rank, ascending
   int rank = 0;                  ///< this rank's place in `members`: its rank in the new group
   int old_size = 0;              ///< the previous generation's size
-  std::vector<int> before;       ///< the previous generation's members (empty: 0..old_size-1)
+  std::vector<int> before{};     ///< the previous generation's members (empty: 0..old_size-1)
   int size() const noexcept { return static_cast<int>(members.size()); }
   /// @brief The previous generation's members that are not members now.
   std::vector<int> lost() const { return minus(previous(), members); }

@@ -63,7 +63,7 @@ struct config {
   std::uint64_t generation = 0;
   /// A changed generation's ranks by their founding rank (the rank each had in generation 0,
   /// a node's local rank), and how many ranks generation 0 had; empty / 0 for generation 0.
-  std::vector<int> members;
+  std::vector<int> members{};
   int founding_size = 0;
   group_identity identity{};                 ///< where this node's group sits in the job (messages)
   /// What algo::automatic runs, by size (tuning.hpp), first matching row first; a machine measured
