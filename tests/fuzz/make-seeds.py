@@ -79,7 +79,7 @@ def i64(v): return struct.pack("<q", v)
 def s(x): return u32(len(x)) + x.encode()
 
 
-HELLO, SET, GET, WAIT, ADD, CAS, ERASE, PING, KEYS = range(1, 10)
+HELLO, SET, GET, WAIT, ADD, CAS, ERASE, PING, KEYS, SET_OWNED, MULTI_SET, MULTI_GET = range(1, 13)
 write("store_server", "set-get", b"\x01" + frame(u8(SET) + s("a") + s("1")) + frame(u8(GET) + s("a") + u32(0)))
 write("store_server", "add-keys", b"\x01" + frame(u8(ADD) + s("n") + i64(5)) + frame(u8(ADD) + s("n") + i64(-2))
       + frame(u8(KEYS) + s("")) + frame(u8(PING)))
@@ -92,12 +92,18 @@ write("store_server", "wrong-token", b"\x00" + frame(u8(HELLO) + s("not-the-toke
 write("store_server", "no-hello", b"\x00" + frame(u8(SET) + s("a") + s("1")))
 write("store_server", "hello-by-hand", b"\x00" + frame(u8(HELLO) + s("t") + s("me")) + frame(u8(PING)))
 write("store_server", "bad-frame", b"\x01" + u32(0))
+write("store_server", "multi-set-get", b"\x01" + frame(u8(MULTI_SET) + u32(3) + s("a") + s("1") + s("b") + s("2") + s("a") + s("3"))
+      + frame(u8(MULTI_GET) + u32(2) + s("a") + s("b") + u32(0)) + frame(u8(MULTI_GET) + u32(2) + s("a") + s("z") + u32(10)))
+write("store_server", "wait-woken", b"\x01" + frame(u8(SET_OWNED) + s("o") + s("1")) + frame(u8(WAIT) + u32(1) + s("o") + u32(50))
+      + frame(u8(ERASE) + s("o")) + frame(u8(MULTI_GET) + u32(1) + s("o") + u32(20)))
+write("store_server", "batch-over-limit", b"\x01" + frame(u8(MULTI_GET) + u32((1 << 20) + 1)) + frame(u8(PING)))
 
 # ---- store_wire: byte 0 = script length, script (one read per byte: 0 u8, 1 u32, 2 i64, 3 str), payload
 write("store_wire", "set", bytes([3, 0, 3, 3]) + u8(SET) + s("key") + s("value"))
 write("store_wire", "add", bytes([3, 0, 3, 2]) + u8(ADD) + s("n") + i64(-7))
 write("store_wire", "wait", bytes([5, 0, 1, 3, 3, 1]) + u8(WAIT) + u32(2) + s("a") + s("b") + u32(1000))
 write("store_wire", "short", bytes([2, 0, 3]) + u8(GET) + u32(100) + b"ab")
+write("store_wire", "multi-set", bytes([6, 0, 1, 3, 3, 3, 3]) + u8(MULTI_SET) + u32(2) + s("a") + s("1") + s("b") + s("2"))
 
 # ---- manifest_job: YAML job files -------------------------------------------------------------
 write("manifest_job", "cpu", """name: cpu-2nodes

@@ -207,6 +207,44 @@ BOOST_AUTO_TEST_CASE(prefix_scoping_and_barrier) {
   }
 }
 
+// multi_set / multi_get: the same results on every store (the TCP store's one request each is
+// counted in the tcp suite below), and through a prefix.
+BOOST_AUTO_TEST_CASE(multi_set_and_multi_get) {
+  for (auto& fs : all_stores()) {
+    BOOST_TEST_CONTEXT("store " << fs.kind) {
+      auto s = fs.connect();
+      const std::vector<rdzv::key_value> items{{"m/a", "1"}, {"m/b", std::string("two\0", 4)}, {"m/a", "3"}, {"m/c", ""}};
+      s->multi_set(items);
+      const std::vector<std::string> keys{"m/c", "m/a", "m/b", "m/a"};
+      BOOST_TEST(s->multi_get(keys, 1s) == std::vector<std::string>({"", "3", std::string("two\0", 4), "3"}),
+                 boost::test_tools::per_element());
+      BOOST_TEST(s->multi_get({}, 0ms).empty());
+      s->multi_set({});
+      rdzv::prefix_store scoped(s, "m/");
+      scoped.multi_set(std::vector<rdzv::key_value>{{"d", "4"}});
+      BOOST_TEST(*s->try_get("m/d") == "4");
+      BOOST_TEST(scoped.multi_get(std::vector<std::string>{"a", "d"}, 1s) == std::vector<std::string>({"3", "4"}),
+                 boost::test_tools::per_element());
+      // Waits for keys set later by another client...
+      auto writer = fs.connect();
+      std::thread t([&] {
+        std::this_thread::sleep_for(100ms);
+        writer->multi_set(std::vector<rdzv::key_value>{{"late/1", "x"}, {"late/2", "y"}});
+      });
+      const std::vector<std::string> late{"m/a", "late/1", "late/2"};
+      BOOST_TEST(s->multi_get(late, 10s) == std::vector<std::string>({"3", "x", "y"}), boost::test_tools::per_element());
+      t.join();
+      // ...and names those still missing at its deadline.
+      const std::vector<std::string> some{"m/a", "absent-1", "absent-2"};
+      BOOST_CHECK_EXCEPTION((void)s->multi_get(some, 200ms), kft::timeout_error, [&](const kft::timeout_error& e) {
+        const std::string m = e.what();
+        BOOST_TEST_INFO(m);
+        return m.find("\"absent-1\", \"absent-2\"") != std::string::npos && m.find("\"m/a\"") == std::string::npos;
+      });
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE(tcp)
 
 BOOST_AUTO_TEST_CASE(wrong_token_is_refused_and_logged) {
@@ -389,6 +427,204 @@ BOOST_AUTO_TEST_CASE(owned_keys_go_with_the_connection_that_set_them) {
   while (d.try_get("alive/c") && std::chrono::steady_clock::now() < deadline2) std::this_thread::sleep_for(5ms);
   BOOST_TEST(!d.try_get("alive/c").has_value());
   BOOST_TEST(d.try_get("rebound").value_or("") == "b");  // b is still connected
+}
+
+// One request per batch, whatever the number of keys: the server counts requests. Without the
+// TCP store's own multi_get/multi_set (the store's defaults, key by key) these would be 1,000 and
+// 1,001 requests.
+BOOST_AUTO_TEST_CASE(batches_are_one_request_each) {
+  rdzv::tcp_store_server server({"127.0.0.1", 0, "t", {}});
+  auto client = std::make_shared<rdzv::tcp_store>(local_client_of(server));
+  std::vector<rdzv::key_value> items;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 1000; ++i) {
+    items.emplace_back("addr/" + std::to_string(i), "10.0.0." + std::to_string(i % 250) + ":" + std::to_string(29500 + i));
+    keys.push_back(items.back().first);
+  }
+  auto requests_of = [&](auto&& f) {
+    const auto before = server.requests();
+    f();
+    return server.requests() - before;
+  };
+  BOOST_TEST(requests_of([&] { client->multi_set(items); }) == 1u);
+  std::vector<std::string> values;
+  BOOST_TEST(requests_of([&] { values = client->multi_get(keys, 1s); }) == 1u);
+  BOOST_REQUIRE(values.size() == items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) BOOST_TEST(values[i] == items[i].second);
+  BOOST_TEST(requests_of([&] { client->wait(keys, 1s); }) == 1u);
+  // Through a prefix (what connect_store hands out) the batch stays one request.
+  rdzv::prefix_store scoped(client, "job/");
+  BOOST_TEST(requests_of([&] { scoped.multi_set(items); }) == 1u);
+  BOOST_TEST(requests_of([&] { (void)scoped.multi_get(keys, 1s); }) == 1u);
+  // A multi_get that has to wait is still one request: the server holds it until the last key.
+  rdzv::tcp_store writer(local_client_of(server));
+  const std::vector<std::string> later{"later/1", "later/2", "later/3"};
+  std::thread t([&] {
+    std::this_thread::sleep_for(50ms);
+    for (const auto& k : later) {
+      writer.set(k, k);
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  const auto before = server.requests();
+  values = client->multi_get(later, 10s);
+  t.join();
+  BOOST_TEST(server.requests() - before == 4u);  // the multi_get and the writer's 3 sets
+  BOOST_TEST(values == later, boost::test_tools::per_element());
+}
+
+// The waiters' index: every waiter of a key wakes on its write (a barrier's crowd), a wait on
+// keys one of which was erased meanwhile goes on waiting for it, and waits that ended leave
+// nothing behind that a later write trips on.
+BOOST_AUTO_TEST_CASE(waiters_wake_on_the_writes_of_their_keys) {
+  rdzv::tcp_store_server server({"127.0.0.1", 0, "t", {}});
+  constexpr int crowd = 40;
+  std::atomic<int> woke{0};
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < crowd; ++i)
+    waiters.emplace_back([&] {
+      try {
+        rdzv::tcp_store c(local_client_of(server));
+        if (c.get("open", 10s) == "yes") ++woke;
+      } catch (const std::exception&) {
+      }
+    });
+  rdzv::tcp_store admin(local_client_of(server));
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (server.connected() < crowd + 1 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  std::this_thread::sleep_for(50ms);
+  BOOST_TEST(woke.load() == 0);
+  admin.set("open", "yes");
+  for (auto& t : waiters) t.join();
+  BOOST_TEST(woke.load() == crowd);
+
+  // "a" present, "b" missing; "a" erased, "b" set: still waiting; "a" set: answered.
+  admin.set("a", "1");
+  std::atomic<bool> done{false};
+  std::thread w([&] {
+    try {
+      rdzv::tcp_store c(local_client_of(server));
+      c.wait(std::vector<std::string>{"a", "b"}, 10s);
+      done = true;
+    } catch (const std::exception&) {
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  admin.erase("a");
+  admin.set("b", "2");
+  std::this_thread::sleep_for(200ms);
+  BOOST_TEST(!done.load(), "the wait goes on: \"a\" was erased");
+  admin.add("a", 5);
+  w.join();
+  BOOST_TEST(done.load());
+
+  // 3,000 waits that time out (more stale index entries than the server keeps before sweeping),
+  // then their keys written: the server goes on serving.
+  std::vector<std::string> many;
+  for (int i = 0; i < 3000; ++i) many.push_back("stale/" + std::to_string(i));
+  BOOST_CHECK_THROW(admin.wait(many, 50ms), kft::timeout_error);
+  BOOST_CHECK_THROW(admin.wait(many, 50ms), kft::timeout_error);
+  std::vector<rdzv::key_value> all;
+  for (const auto& k : many) all.emplace_back(k, "v");
+  admin.multi_set(all);
+  admin.wait(many, 1s);
+  BOOST_TEST(admin.multi_get(many, 1s).size() == many.size());
+}
+
+// A client that sends requests without reading the replies is served only while its unread
+// replies stay under the limit (1 MiB in the server, plus what the kernel's buffers take), and
+// the others are served meanwhile.
+BOOST_AUTO_TEST_CASE(a_client_that_does_not_read_its_replies_stops_being_served) {
+  rdzv::tcp_store_server server({"127.0.0.1", 0, "t", [](const std::string&) {}});
+  rdzv::tcp_store admin(local_client_of(server));
+  admin.set("big", std::string(1u << 20, 'x'));
+  auto fd = rdzv::detail::connect_with_retry("127.0.0.1", server.port(), 2s);
+  namespace wire = rdzv::wire;
+  std::string burst = wire::writer().u8(static_cast<std::uint8_t>(wire::op::hello)).str("t").str("greedy").done();
+  for (int i = 0; i < 2000; ++i) burst += wire::writer().u8(static_cast<std::uint8_t>(wire::op::get)).str("big").u32(0).done();
+  BOOST_REQUIRE(rdzv::detail::send_all(fd.get(), burst, std::chrono::steady_clock::now() + 5s).empty());
+  const auto before = server.requests();
+  std::this_thread::sleep_for(500ms);
+  const auto served = server.requests() - before;
+  BOOST_TEST(served < 100u, served << " of the 2,000 requests served (2 GiB of replies) while none was read");
+  const double took = seconds_of([&] {
+    admin.set("other", "served");
+    BOOST_TEST(admin.get("other", 1s) == "served");
+  });
+  BOOST_TEST(took < 1.0);
+}
+
+// The limits of one batch: more keys than a request may hold is refused by the client before it
+// is sent and by the server if it comes anyway; values over a reply's 64 MiB are an error that
+// leaves the connection usable.
+BOOST_AUTO_TEST_CASE(batches_over_the_limits_are_refused_naming_them) {
+  rdzv::tcp_store_server server({"127.0.0.1", 0, "t", [](const std::string&) {}});
+  rdzv::tcp_store client(local_client_of(server));
+  const std::vector<std::string> too_many(rdzv::wire::max_batch + 1);
+  BOOST_CHECK_EXCEPTION((void)client.multi_get(too_many, 1s), kft::usage_error, [](const kft::usage_error& e) {
+    BOOST_TEST_INFO(e.what());
+    return std::string(e.what()).find("multi_get on 1048577 keys") != std::string::npos;
+  });
+  namespace wire = rdzv::wire;
+  auto fd = rdzv::detail::connect_with_retry("127.0.0.1", server.port(), 2s);
+  const std::string frames = wire::writer().u8(static_cast<std::uint8_t>(wire::op::hello)).str("t").str("raw").done() +
+                             wire::writer().u8(static_cast<std::uint8_t>(wire::op::wait)).u32(wire::max_batch + 1).done();
+  BOOST_REQUIRE(rdzv::detail::send_all(fd.get(), frames, std::chrono::steady_clock::now() + 2s).empty());
+  std::string got(64, '\0');
+  std::size_t have = 0;
+  while (have < 9 + 5) {  // the hello's reply (5 bytes), then the error's header
+    const auto r = rdzv::detail::recv_exact(fd.get(), got.data() + have, 1, std::chrono::steady_clock::now() + 2s);
+    BOOST_REQUIRE(r.what == rdzv::detail::recv_result::status::ok);
+    ++have;
+  }
+  BOOST_TEST(static_cast<int>(got[4]) == static_cast<int>(wire::status::ok));
+  BOOST_TEST(static_cast<int>(got[9]) == static_cast<int>(wire::status::error));
+
+  const std::string value((33u << 20), 'v');  // two of them: over a reply's 64 MiB
+  client.set("v1", value);
+  client.set("v2", value);
+  BOOST_CHECK_EXCEPTION(client.multi_set(std::vector<rdzv::key_value>{{"v1", value}, {"v2", value}}), kft::usage_error,
+                        [](const kft::usage_error& e) {
+                          BOOST_TEST_INFO(e.what());
+                          return std::string(e.what()).find("over a frame's 64 MiB") != std::string::npos;
+                        });
+  const std::vector<std::string> both{"v1", "v2"};
+  BOOST_CHECK_EXCEPTION((void)client.multi_get(both, 1s), kft::usage_error, [](const kft::usage_error& e) {
+    BOOST_TEST_INFO(e.what());
+    return std::string(e.what()).find("ask for fewer keys") != std::string::npos;
+  });
+  BOOST_TEST(client.multi_get(std::vector<std::string>{"v1"}, 1s).front().size() == value.size());
+}
+
+// A client can connect from a chosen local address (the scale benchmark spreads its clients
+// over 127.0.0.0/8 this way); the server sees it, and an address that cannot be bound is named.
+BOOST_AUTO_TEST_CASE(a_client_connects_from_its_source_address) {
+  std::vector<std::string> log;
+  std::mutex mu;
+  rdzv::tcp_store_server server({"127.0.0.1", 0, "t", [&](const std::string& l) {
+                                   std::lock_guard lock(mu);
+                                   log.push_back(l);
+                                 }});
+  auto o = local_client_of(server);
+  o.source_address = "127.0.3.7";
+  rdzv::tcp_store client(o);
+  client.set("from", "127.0.3.7");
+  o.token = "wrong";
+  o.name = "source check";
+  BOOST_CHECK_THROW(rdzv::tcp_store{o}, kft::config_error);
+  {
+    std::lock_guard lock(mu);
+    BOOST_REQUIRE(!log.empty());
+    BOOST_TEST(log.back().find("refused 127.0.3.7:") != std::string::npos, log.back());
+  }
+  o.token = "t";
+  o.source_address = "10.255.255.254.1";
+  o.connect_timeout = 1s;
+  BOOST_CHECK_EXCEPTION(rdzv::tcp_store{o}, kft::config_error, [](const kft::config_error& e) {
+    BOOST_TEST_INFO(e.what());
+    return std::string(e.what()).find("10.255.255.254.1") != std::string::npos &&
+           std::string(e.what()).find("store connect") != std::string::npos;
+  });
 }
 
 BOOST_AUTO_TEST_CASE(garbage_does_not_crash_the_server) {

@@ -122,6 +122,14 @@ class memory_store final : public store {
     return out;
   }
   std::string describe() const override { return "memory store"; }
+  /// One step under the lock: no reader sees part of the batch.
+  void multi_set(std::span<const key_value> items) override {
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [key, value] : items) map_.insert_or_assign(key, value);
+    }
+    cv_.notify_all();
+  }
 
  private:
   std::mutex mu_;

@@ -10,8 +10,13 @@
 ///
 /// Every wait takes a timeout; running past it is a `timeout_error` that names the keys still
 /// missing and the store.
+///
+/// Batches: `wait` (many keys), `multi_get` and `multi_set` are one request each on the TCP store
+/// (one round trip for any number of keys); the other stores do them key by key (the defaults
+/// below), with the same results.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -34,6 +39,9 @@ struct cas_result {
   bool swapped = false;                ///< true when the value was replaced (or created)
   std::optional<std::string> current;  ///< the value after the call (nullopt: key absent)
 };
+
+/// @brief One key and its value, for `multi_set`.
+using key_value = std::pair<std::string, std::string>;
 
 /// @brief Key-value store shared by the processes of a job. Values are arbitrary bytes.
 class store {
@@ -63,6 +71,32 @@ class store {
   virtual std::vector<std::string> keys(std::string_view prefix) = 0;
   /// @brief E.g. "tcp store 10.0.0.1:29500", for messages.
   virtual std::string describe() const = 0;
+
+  /// @brief Sets every key to its value (a later item wins over an earlier one with the same key).
+  /// The TCP store sends them in one request and applies them as one step; the default sets them
+  /// one by one.
+  virtual void multi_set(std::span<const key_value> items) {
+    for (const auto& [key, value] : items) set(key, value);
+  }
+  /// @brief Waits until every key exists, then returns their values in the order of `keys`. The
+  /// TCP store asks in one request; the default waits for all, then reads them one by one (a key
+  /// erased in between is waited for again until the same deadline).
+  /// @throws timeout_error naming the keys still missing after `timeout`
+  virtual std::vector<std::string> multi_get(std::span<const std::string> keys, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    wait(keys, timeout);
+    std::vector<std::string> values;
+    values.reserve(keys.size());
+    for (const auto& key : keys) {
+      auto v = try_get(key);
+      if (!v) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        v = get(key, std::max(left, std::chrono::milliseconds(0)));
+      }
+      values.push_back(std::move(*v));
+    }
+    return values;
+  }
 };
 
 namespace detail {
@@ -103,6 +137,18 @@ class prefix_store final : public store {
     return inner_->compare_set(full(key), expected, desired);
   }
   bool erase(std::string_view key) override { return inner_->erase(full(key)); }
+  void multi_set(std::span<const key_value> items) override {
+    std::vector<key_value> full_items;
+    full_items.reserve(items.size());
+    for (const auto& [key, value] : items) full_items.emplace_back(full(key), value);
+    inner_->multi_set(full_items);
+  }
+  std::vector<std::string> multi_get(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
+    std::vector<std::string> k;
+    k.reserve(keys.size());
+    for (const auto& key : keys) k.push_back(full(key));
+    return inner_->multi_get(k, timeout);
+  }
   std::vector<std::string> keys(std::string_view prefix) override {
     auto all = inner_->keys(full(prefix));
     for (auto& k : all) k.erase(0, prefix_.size());

@@ -13,7 +13,9 @@
 /// up if the server goes silent, and reports the store as lost.
 ///
 /// Wire format (little-endian): a frame is `u32 length` + payload; a payload is `u8 op` (or
-/// `u8 status` in replies) followed by fields, strings as `u32 length` + bytes.
+/// `u8 status` in replies) followed by fields, strings as `u32 length` + bytes (every request in
+/// detail/tcp_wire.hpp). `wait`, `multi_get` and `multi_set` are one request each, whatever the
+/// number of keys.
 #pragma once
 
 #include <sys/socket.h>
@@ -50,6 +52,9 @@ class tcp_store final : public store {
     /// Checked while connecting (every 250 ms at most): true gives up (usage_error), e.g. when
     /// the launcher got SIGTERM.
     std::function<bool()> cancelled;
+    /// The local address to connect from (numeric; empty = the kernel's choice), e.g. one of
+    /// several interfaces, or 127.x.y.z to spread many clients of one host over source addresses.
+    std::string source_address{};
   };
 
   /// @brief Connects (retrying with backoff) and authenticates.
@@ -60,7 +65,7 @@ class tcp_store final : public store {
     const auto hello = wire::writer().u8(static_cast<std::uint8_t>(wire::op::hello)).str(opt_.token).str(opt_.name).done();
     std::optional<wire::reader> reply;
     for (auto pause = std::chrono::milliseconds(20); !reply;) {
-      fd_ = detail::connect_until(opt_.host, opt_.port, deadline, opt_.connect_timeout, opt_.cancelled);
+      fd_ = detail::connect_until(opt_.host, opt_.port, deadline, opt_.connect_timeout, opt_.cancelled, opt_.source_address);
       try {
         reply = request(hello, opt_.io_timeout, "hello");
       } catch (const transport_error&) {
@@ -104,18 +109,43 @@ class tcp_store final : public store {
     check(s, r, "get");
     return r.str();
   }
+  /// One request, whatever the number of keys.
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
+    batch_fits(keys.size(), "wait");
     wire::writer w;
     w.u8(op(wire::op::wait)).u32(static_cast<std::uint32_t>(keys.size()));
     for (const auto& k : keys) w.str(k);
     auto r = call(w.u32(ms(timeout)), "wait", timeout);
-    const auto s = static_cast<wire::status>(r.u8());
-    if (s == wire::status::timeout) {
-      std::vector<std::string> missing(r.u32());
-      for (auto& k : missing) k = r.str();
-      throw detail::wait_timeout("wait", missing, timeout, describe());
+    check_wait(r, "wait", timeout, keys.size());
+  }
+  /// One request, whatever the number of keys (at most wire::max_batch, and 64 MiB of values).
+  std::vector<std::string> multi_get(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
+    batch_fits(keys.size(), "multi_get");
+    wire::writer w;
+    w.u8(op(wire::op::multi_get)).u32(static_cast<std::uint32_t>(keys.size()));
+    for (const auto& k : keys) w.str(k);
+    auto r = call(w.u32(ms(timeout)), "multi_get", timeout);
+    check_wait(r, "multi_get", timeout, keys.size());
+    const auto n = r.u32();
+    if (n != keys.size()) {
+      std::lock_guard lock(mu_);
+      lost("multi_get", "a reply of " + std::to_string(n) + " values for " + std::to_string(keys.size()) + " keys", EPROTO);
     }
-    check(s, r, "wait");
+    std::vector<std::string> values(n);
+    for (auto& v : values) v = r.str();
+    check(r.ok() ? wire::status::ok : wire::status::error, r, "multi_get");
+    return values;
+  }
+  /// One request, applied by the server as one step (no other client sees part of it).
+  void multi_set(std::span<const key_value> items) override {
+    batch_fits(items.size(), "multi_set");
+    wire::writer w;
+    w.u8(op(wire::op::multi_set)).u32(static_cast<std::uint32_t>(items.size()));
+    for (const auto& [key, value] : items) w.str(key).str(value);
+    auto r = call(std::move(w), "multi_set");
+    const auto s = static_cast<wire::status>(r.u8());
+    if (s == wire::status::error) throw usage_error(r.str() + " on " + describe(), error_site::of("store multi_set"));
+    check(s, r, "multi_set");
   }
   std::int64_t add(std::string_view key, std::int64_t delta) override {
     auto r = call(wire::writer().u8(op(wire::op::add)).str(key).i64(delta), "add");
@@ -167,7 +197,32 @@ class tcp_store final : public store {
 
   // One request, one reply. `wait_time` is how long the server may legitimately hold it.
   wire::reader call(wire::writer w, const char* what, std::chrono::milliseconds wait_time = std::chrono::milliseconds(0)) {
-    return request(w.done(), wait_time + opt_.io_timeout, what);
+    auto frame = w.done();
+    if (frame.size() - 4 > wire::max_frame)
+      throw usage_error(std::string("a ") + what + " request of " + std::to_string(frame.size() - 4) + " bytes, over a frame's " +
+                            std::to_string(wire::max_frame >> 20) + " MiB (" + describe() + "): send it in parts",
+                        error_site::of(std::string("store ") + what));
+    return request(frame, wait_time + opt_.io_timeout, what);
+  }
+
+  void batch_fits(std::size_t n, const char* what) const {
+    if (n > wire::max_batch)
+      throw usage_error(std::string("a ") + what + " on " + std::to_string(n) + " keys, over the " + std::to_string(wire::max_batch) +
+                            " one request may hold (" + describe() + "): send it in parts",
+                        error_site::of(std::string("store ") + what));
+  }
+
+  // The status of a wait or multi_get's reply: timeout names the keys still missing, error is
+  // the server's refusal (the request was over its limits).
+  void check_wait(wire::reader& r, const char* what, std::chrono::milliseconds timeout, std::size_t asked) {
+    const auto s = static_cast<wire::status>(r.u8());
+    if (s == wire::status::timeout) {
+      std::vector<std::string> missing(std::min<std::size_t>(r.u32(), asked));
+      for (auto& k : missing) k = r.str();
+      throw detail::wait_timeout(what, missing, timeout, describe());
+    }
+    if (s == wire::status::error) throw usage_error(r.str() + " on " + describe(), error_site::of(std::string("store ") + what));
+    check(s, r, what);
   }
 
   wire::reader request(const std::string& frame, std::chrono::milliseconds timeout, const char* what) {
@@ -178,19 +233,26 @@ class tcp_store final : public store {
       const int err = errno;
       lost(what, why, detail::clock::now() >= deadline ? ETIMEDOUT : err);
     }
-    auto read_exact = [&](std::size_t count) {
-      std::string buf(count, '\0');
-      using st = detail::recv_result::status;
-      const auto r = detail::recv_exact(fd_.get(), buf.data(), count, deadline);
+    using st = detail::recv_result::status;
+    auto check_read = [&](const detail::recv_result& r) {
       if (r.what == st::timeout) lost(what, "no reply within " + kft::detail::describe_duration(timeout), ETIMEDOUT);
       if (r.what == st::closed) lost(what, "the store closed the connection (did its host process end?)", ECONNRESET);
       if (r.what == st::error) lost(what, detail::errno_text(r.err), r.err);
-      return buf;
     };
-    const auto header = read_exact(4);
-    const auto n = wire::frame_length(header);
-    if (n == 0 || n > wire::max_frame) lost(what, "malformed reply", EPROTO);
-    return wire::reader(read_exact(n));
+    // The first read takes what has come, a small reply's header and body together; the rest of
+    // a large one is read exactly. (One request at a time: nothing follows the reply.)
+    std::string buf(512, '\0');
+    const auto first = detail::recv_at_least(fd_.get(), buf.data(), 4, buf.size(), deadline);
+    check_read(first);
+    const auto n = wire::frame_length(buf);
+    if (n == 0 || n > wire::max_frame || first.got > 4u + n) lost(what, "malformed reply", EPROTO);
+    if (first.got < 4u + n) {
+      buf.resize(4u + n);
+      check_read(detail::recv_exact(fd_.get(), buf.data() + first.got, 4u + n - first.got, deadline));
+    }
+    buf.resize(4u + n);
+    buf.erase(0, 4);
+    return wire::reader(std::move(buf));
   }
 
   // The error's backend code tells a silent store (ETIMEDOUT: stopped, or cut off) from one

@@ -154,6 +154,8 @@ class torch_tcp_store final : public store {
     /// libuv server leaves it unanswered; capped by `io_timeout`).
     std::chrono::milliseconds probe_timeout = std::chrono::milliseconds(500);
     std::string role = "torchrun's agent store";  ///< shown in describe()
+    /// The local address to connect from (numeric; empty = the kernel's choice).
+    std::string source_address{};
   };
 
   /// @brief Connects (retrying with backoff until `connect_timeout`) and chooses the protocol by
@@ -281,7 +283,7 @@ class torch_tcp_store final : public store {
   probe_result probe(const torch_wire::request& r, std::size_t reply_size, std::chrono::milliseconds wait) {
     using st = detail::recv_result::status;
     probe_result p;
-    fd_ = detail::connect_with_retry(opt_.host, opt_.port, opt_.connect_timeout);
+    fd_ = detail::connect_with_retry(opt_.host, opt_.port, opt_.connect_timeout, {}, opt_.source_address);
     if (auto why = detail::send_all(fd_.get(), r.data(), detail::clock::now() + opt_.io_timeout); !why.empty()) {
       p.status = st::error;
       p.why = why;

@@ -152,7 +152,9 @@ inline unique_fd listen_on(const std::string& host, int port, clock::time_point 
     }
     int one = 1;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // TIME_WAIT only, not a live listener
-    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 1024) != 0) {
+    // The longest queue of connections not yet accepted the kernel allows (it caps the number at
+    // net.core.somaxconn, 4096 by default since Linux 5.4): thousands of ranks connect at once.
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 65535) != 0) {
       last = errno;
       continue;
     }
@@ -166,53 +168,79 @@ inline unique_fd listen_on(const std::string& host, int port, clock::time_point 
                         error_site::of("store listen"), last);
 }
 
+/// Binds a socket about to connect to the local address `source` (a numeric IPv4 or IPv6
+/// address; the port is chosen at connect time).
+/// @throws config_error naming the address when it cannot be bound
+inline void bind_source(int fd, int family, const std::string& source) {
+  addrinfo hints{};
+  hints.ai_family = family;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (const int rc = ::getaddrinfo(source.c_str(), "0", &hints, &res); rc != 0)
+    throw config_error("source address", source, std::string("is not a numeric address of the store's family: ") + ::gai_strerror(rc),
+                       error_site::of("store connect"));
+  const unique_addrinfo owned(res);
+#ifdef IP_BIND_ADDRESS_NO_PORT
+  int one = 1;  // the port is picked by connect(), per destination: no ephemeral port is held per source
+  ::setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+#endif
+  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0)
+    throw config_error("source address", source, "cannot be bound: " + errno_text(errno), error_site::of("store connect"));
+}
+
 /// Connects to host:port, retrying with backoff until `deadline`, or until `cancelled` (checked
 /// between attempts, at least every 250 ms) returns true. `timeout` is what the error message
-/// names (the whole wait the caller was given, which may have begun before this call).
+/// names (the whole wait the caller was given, which may have begun before this call). A
+/// non-empty `source` binds the socket to that local address first (bind_source).
 /// @throws timeout_error naming the address, the timeout and the last error
 /// @throws usage_error when cancelled
+/// @throws config_error when `source` cannot be bound
 inline unique_fd connect_until(const std::string& host, int port, clock::time_point deadline,
-                               std::chrono::milliseconds timeout, const std::function<bool()>& cancelled = {}) {
+                               std::chrono::milliseconds timeout, const std::function<bool()>& cancelled = {},
+                               const std::string& source = {}) {
   auto pause = std::chrono::milliseconds(20);
   std::string last = "no attempt";
   while (true) {
     if (cancelled && cancelled())
       throw usage_error("connecting to the rendezvous store at " + endpoint(host, port) + " was cancelled",
                         error_site::of("store connect"));
+    unique_addrinfo res;
     try {
-      auto res = resolve(host, port, false);
-      for (addrinfo* a = res.get(); a != nullptr; a = a->ai_next) {
-        unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-        if (!fd) {
-          last = errno_text(errno);
-          continue;
-        }
-        set_nonblocking(fd.get(), true);
-        int rc = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
-        if (rc != 0 && errno == EINPROGRESS) {
-          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
-          pollfd p{fd.get(), POLLOUT, 0};
-          rc = ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left.count(), 1, 1000)));
-          if (rc == 1) {
-            int err = 0;
-            socklen_t len = sizeof err;
-            ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-            rc = err == 0 ? 0 : -1;
-            errno = err;
-          } else {
-            rc = -1;
-            errno = ETIMEDOUT;
-          }
-        }
-        if (rc == 0) {
-          set_nonblocking(fd.get(), false);
-          set_nodelay(fd.get());
-          return fd;
-        }
-        last = errno_text(errno);
-      }
+      res = resolve(host, port, false);
     } catch (const config_error& e) {
       last = e.detail();  // DNS may come up late (Kubernetes headless services): keep trying
+    }
+    for (addrinfo* a = res.get(); a != nullptr; a = a->ai_next) {
+      unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+      if (!fd) {
+        last = errno_text(errno);
+        continue;
+      }
+      if (!source.empty()) bind_source(fd.get(), a->ai_family, source);
+      set_nonblocking(fd.get(), true);
+      int rc = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
+      if (rc != 0 && errno == EINPROGRESS) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+        pollfd p{fd.get(), POLLOUT, 0};
+        rc = ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left.count(), 1, 1000)));
+        if (rc == 1) {
+          int err = 0;
+          socklen_t len = sizeof err;
+          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+          rc = err == 0 ? 0 : -1;
+          errno = err;
+        } else {
+          rc = -1;
+          errno = ETIMEDOUT;
+        }
+      }
+      if (rc == 0) {
+        set_nonblocking(fd.get(), false);
+        set_nodelay(fd.get());
+        return fd;
+      }
+      last = errno_text(errno);
     }
     const auto now = clock::now();
     if (now >= deadline)
@@ -226,8 +254,8 @@ inline unique_fd connect_until(const std::string& host, int port, clock::time_po
 
 /// connect_until with a deadline `timeout` from now.
 inline unique_fd connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout,
-                                    const std::function<bool()>& cancelled = {}) {
-  return connect_until(host, port, clock::now() + timeout, timeout, cancelled);
+                                    const std::function<bool()>& cancelled = {}, const std::string& source = {}) {
+  return connect_until(host, port, clock::now() + timeout, timeout, cancelled, source);
 }
 
 /// Waits for `events` on fd until the deadline; false on timeout.
@@ -242,14 +270,21 @@ inline bool wait_for(int fd, short events, clock::time_point deadline) {
   }
 }
 
-/// Sends all of `data` before `deadline`. Empty on success, else why not.
+/// Sends all of `data` before `deadline`. Empty on success, else why not. (It tries first and
+/// waits only when the socket's buffer is full: a small request is one system call.)
 inline std::string send_all(int fd, std::string_view data, clock::time_point deadline) {
   for (std::size_t sent = 0; sent < data.size();) {
-    if (!wait_for(fd, POLLOUT, deadline)) return "timed out sending";
-    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      sent += static_cast<std::size_t>(n);
+      continue;
+    }
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return errno_text(errno);
-    sent += static_cast<std::size_t>(n);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!wait_for(fd, POLLOUT, deadline)) return "timed out sending";
+      continue;
+    }
+    return n == 0 ? std::string("sent nothing") : errno_text(errno);
   }
   return {};
 }
@@ -260,6 +295,31 @@ struct recv_result {
   std::size_t got = 0;  ///< bytes received before it ended
   int err = 0;          ///< errno, for status::error
 };
+
+/// Receives at least `count` and at most `capacity` bytes into `buf` before `deadline` (whatever
+/// has arrived, in as few reads as it takes: a reply's header and body in one).
+inline recv_result recv_at_least(int fd, char* buf, std::size_t count, std::size_t capacity, clock::time_point deadline) {
+  recv_result r;
+  while (r.got < count) {
+    if (!wait_for(fd, POLLIN, deadline)) {
+      r.what = recv_result::status::timeout;
+      return r;
+    }
+    const ssize_t n = ::recv(fd, buf + r.got, capacity - r.got, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (n == 0) {
+      r.what = recv_result::status::closed;
+      return r;
+    }
+    if (n < 0) {
+      r.what = recv_result::status::error;
+      r.err = errno;
+      return r;
+    }
+    r.got += static_cast<std::size_t>(n);
+  }
+  return r;
+}
 
 /// Receives exactly `count` bytes into `buf` before `deadline`.
 inline recv_result recv_exact(int fd, char* buf, std::size_t count, clock::time_point deadline) {

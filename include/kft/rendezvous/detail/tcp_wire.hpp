@@ -2,7 +2,28 @@
 /// @file kft/rendezvous/detail/tcp_wire.hpp
 /// @brief The TCP store's wire format (internal): little-endian frames of `u32 length` +
 /// payload; a payload is `u8 op` (or `u8 status` in replies) followed by fields, strings as
-/// `u32 length` + bytes. Limits: 64 MiB per frame, 4 KiB before the hello is accepted.
+/// `u32 length` + bytes. Limits: 64 MiB per frame, 4 KiB before the hello is accepted, 1 Mi keys
+/// in one request.
+///
+/// Requests after the hello (fields in order; every reply starts with `u8 status`):
+///
+/// | op | fields | ok reply |
+/// | --- | --- | --- |
+/// | set, set_owned | key, value | - |
+/// | get | key, u32 timeout ms | value |
+/// | wait | u32 n, n keys, u32 timeout ms | - |
+/// | add | key, i64 delta | i64 value |
+/// | cas | key, u8 has expected, expected, desired | u8 swapped, u8 present, value |
+/// | erase | key | u8 existed |
+/// | ping | - | - |
+/// | keys | prefix | u32 n, n keys |
+/// | multi_set | u32 n, n x (key, value) | - |
+/// | multi_get | u32 n, n keys, u32 timeout ms | u32 n, n values |
+///
+/// A get, wait or multi_get that runs out of time is answered `timeout` + u32 n + the n keys
+/// still missing; a request the server refuses (add on a non-integer, a batch over the limits) is
+/// answered `error` + a message. `multi_set` is applied as one step: no other request sees part
+/// of it.
 #pragma once
 
 #include <cstdint>
@@ -19,12 +40,15 @@ namespace wire {
 
 // set_owned: a set whose key the server erases when the connection that set it closes (see
 // tcp_store::set_owned).
-enum class op : std::uint8_t { hello = 1, set, get, wait, add, cas, erase, ping, keys, set_owned };
+enum class op : std::uint8_t { hello = 1, set, get, wait, add, cas, erase, ping, keys, set_owned, multi_set, multi_get };
 enum class status : std::uint8_t { ok = 0, denied = 1, timeout = 2, error = 3 };
 
 /// Largest frame accepted after authentication, and before it.
 inline constexpr std::uint32_t max_frame = 64u << 20;
 inline constexpr std::uint32_t max_hello_frame = 4096;
+/// Most keys in one wait, multi_get or multi_set (a 64 MiB frame of empty keys would otherwise
+/// become 16 Mi strings in the server: 8x the frame).
+inline constexpr std::uint32_t max_batch = 1u << 20;
 
 /// Builds one frame.
 class writer {
