@@ -64,6 +64,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -513,8 +514,8 @@ class trainer {
           after_step();
           for (const auto& mb : micro()) my_samples += rows_of(mb);
           ms_.merge(es, st);
-        } catch (const remote_error& lost) {
-          if (!o_.shrink_store) throw;
+        } catch (const error& lost) {
+          if (!o_.shrink_store || !a_loss(lost)) throw;
           if (go_on_without_lost_ranks(lost, phase::step, step_before) == recovery::redo) {
             data.restore(position);  // this rank redoes the step with the others, shares re-cut
             continue;
@@ -1085,6 +1086,14 @@ class trainer {
     return k == phase::step ? "step" : k == phase::evaluation ? "evaluation" : "epoch's statistics";
   }
 
+  // What a lost rank looks like from the survivors: a peer's process gone or its group stopped
+  // (remote_error), a connection cut (transport_error: Gloo between nodes), or a rank silent
+  // past the deadline (timeout_error: stopped, or cut off). Bad arguments and mismatches are not.
+  static bool a_loss(const error& e) {
+    return dynamic_cast<const remote_error*>(&e) || dynamic_cast<const transport_error*>(&e) ||
+           dynamic_cast<const timeout_error*>(&e);
+  }
+
   // A phase whose outcome is reduced statistics, survived (trainer_options::shrink_store).
   template <class F>
   stats survive(phase k, F&& run) {
@@ -1095,8 +1104,8 @@ class trainer {
         last_outcome_ = out;
         ++phases_;
         return out;
-      } catch (const remote_error& lost) {
-        if (!o_.shrink_store) throw;
+      } catch (const error& lost) {
+        if (!o_.shrink_store || !a_loss(lost)) throw;
         if (go_on_without_lost_ranks(lost, k, step_) == recovery::caught_up) {
           ++phases_;
           return last_outcome_;  // (received from a rank that finished the phase)
@@ -1107,7 +1116,7 @@ class trainer {
 
   // A rank died during phase `k` (`e`): shrink, rebuild the reducer, and agree on where training
   // stands (above).
-  recovery go_on_without_lost_ranks(const remote_error& e, phase k, std::uint64_t step_before) {
+  recovery go_on_without_lost_ranks(const error& e, phase k, std::uint64_t step_before) {
     if constexpr (requires(Group& g) { g.shrink(o_.shrink_store, o_.shrink); }) {
       const int before = g_.size();
       r_.reset();  // its work on the failed group ends with the group's error
@@ -1175,8 +1184,8 @@ class trainer {
       if (k == phase::step) return step_ > step_before ? recovery::caught_up : recovery::redo;
       return behind ? recovery::caught_up : recovery::redo;
     } else {
-      (void)k, (void)step_before;
-      throw e;
+      (void)e, (void)k, (void)step_before;
+      std::rethrow_exception(std::current_exception());  // (called from the handler: the error as thrown)
     }
   }
 

@@ -157,6 +157,15 @@ class cpu_group : public typed_collectives<cpu_group<Inter>> {
   int size() const noexcept { return p_.flat.size(); }
   std::uint64_t sequence() const noexcept { return issued_; }
   const topology::layout& layout() const noexcept { return p_.layout; }
+  /// @brief The group's ranks on this node whose processes are gone (the node's shared-memory
+  /// communicator sees them), as ranks of the group: what a shrink knows is lost.
+  std::vector<int> lost_ranks() const {
+    std::vector<int> out;
+    const auto& mine = p_.layout.local_members();
+    for (int l : p_.intra->lost_ranks())
+      if (l >= 0 && l < static_cast<int>(mine.size())) out.push_back(mine[static_cast<std::size_t>(l)]);
+    return out;
+  }
   /// @brief Every rank of the job, for flat collectives.
   Inter& flat() noexcept { return p_.flat; }
   /// @brief The ranks of this node.

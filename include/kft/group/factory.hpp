@@ -131,9 +131,26 @@ inline process_group make_process_group(const world_info& w, std::shared_ptr<ren
   if (o.timeout.count() > 0) cfg.gloo.timeout = o.timeout;
   cfg.nic = gloo_interface(w, env);
   const std::string nic = cfg.nic->describe();
-  auto g = gloo_group(std::move(store), w, env, cfg);
+  auto g = gloo_group(store, w, env, cfg);
   const std::string what = "shared memory per node + Gloo between nodes (TCP on " + nic + "): " + g->layout().describe();
-  return process_group(std::move(g), what);
+  process_group pg(std::move(g), what);
+  // Going on without a lost rank (process_group::shrink): the survivors build the group again
+  // over their membership, each generation under a store scope of its own.
+  const std::string run = env.get("KFT_RUN_ID").value_or(env.get("TORCHELASTIC_RUN_ID").value_or("job"));
+  pg.rebuild_with(
+      [store, w, env, cfg, run](int rank, int size, std::uint64_t generation) {
+        world_info next = w;
+        next.rank = rank;
+        next.world_size = size;
+        gloo_group_config c = cfg;
+        c.scope = "gloo-group/" + run + "/g" + std::to_string(generation) + "/";
+        c.shm.name = "kft-" + run + "-g" + std::to_string(generation);
+        auto again = gloo_group(store, next, env, c);
+        const std::string text = "shared memory per node + Gloo between nodes: " + again->layout().describe();
+        return process_group(std::move(again), text);
+      },
+      "gloo/" + run);
+  return pg;
 #else
   throw config_error("", "",
                      "the job spans " + (w.node_count ? std::to_string(*w.node_count) : std::string("several")) +

@@ -50,6 +50,10 @@ struct gloo_group_config {
   gloo::config gloo;                             ///< the flat and rail Gloo communicators
   std::optional<std::string> host;               ///< this rank's host identity (default: topology::host_id())
   std::optional<gloo::interface_choice> nic;     ///< the interface (default: `gloo_interface`)
+  /// The store scope its ranks meet under; empty: one of its own per construction (a counter
+  /// per rank). A group built again over a shrunk membership names one (its ranks are
+  /// renumbered, so their counters would not agree).
+  std::string scope;
 };
 
 /// @brief Where the job's store lives, seen from this rank: the address Gloo's interface is
@@ -94,11 +98,13 @@ inline std::unique_ptr<gloo_cpu_group> gloo_group(std::shared_ptr<rendezvous::st
   apply_timeout(cfg.shm.timeout, job);
   const auto nic = cfg.nic ? *cfg.nic : gloo_interface(w, env);
   // A scope per construction (every rank builds its groups in the same order).
-  const auto round = store->add("gloo-group/calls/" + std::to_string(w.rank), 1);
-  const std::string scope = "gloo-group/" + std::to_string(round) + "/";
+  const std::string scope = !cfg.scope.empty() ? cfg.scope
+                            : "gloo-group/" + std::to_string(store->add("gloo-group/calls/" + std::to_string(w.rank), 1)) + "/";
   auto scoped = [&](const std::string& sub) { return std::make_shared<rendezvous::prefix_store>(store, scope + sub); };
 
-  auto lay = topology::exchange(*store, w.rank, w.world_size, cfg.host ? *cfg.host : topology::host_id(env),
+  // (a named scope: the exchange's own per-rank counters too, ranks renumbered by a shrink)
+  const std::shared_ptr<rendezvous::store> topo = cfg.scope.empty() ? store : scoped("topology/");
+  auto lay = topology::exchange(*topo, w.rank, w.world_size, cfg.host ? *cfg.host : topology::host_id(env),
                                 cfg.gloo.timeout);
   const std::string node_label = "node " + std::to_string(lay.node());
   rendezvous::store_handle node_store;

@@ -15,10 +15,12 @@
 /// it (zero-copy buffers of the shm communicator, say).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <kft/async/work.hpp>
 #include <kft/group/shrink.hpp>
@@ -97,19 +99,34 @@ class process_group : public typed_collectives<process_group> {
   /// @brief Collective over the survivors, after a call failed because ranks died (a
   /// `remote_error`): they agree through `store` on who is left (group/shrink.hpp) and this
   /// group becomes the smaller one in place, so whoever holds a reference to it keeps a working
-  /// group; its rank and size change. A node's shared-memory group can shrink; a group across
-  /// nodes (MPI, Gloo) cannot yet and throws `membership_error` saying so, unchanged (the job
+  /// group; its rank and size change. A node's shared-memory group shrinks in place; the Gloo
+  /// group `make_process_group` builds across nodes is built again over the survivors (its
+  /// factory set `rebuild_with`), each generation under store keys of its own; an MPI group
+  /// cannot (MPI without ULFM) and throws `membership_error` saying so, unchanged (the job
   /// falls back to a restart).
   membership shrink(std::shared_ptr<rendezvous::store> store, const shrink_options& o = {}) {
+    if (rebuild_ && !impl_->shrinks_in_place()) return shrink_by_rebuilding(std::move(store), o);
     auto m = impl_->shrink(std::move(store), o, what_);
     changed(m, "shrunk");
     return m;
+  }
+
+  /// @brief Builds the group again over a membership: `rank` of `size` ranks, generation
+  /// `generation` (its own store keys). A group across nodes shrinks this way: the factory that
+  /// made it says how to make it again (`make_process_group` for Gloo).
+  using rebuilder = std::function<process_group(int rank, int size, std::uint64_t generation)>;
+  /// @brief Makes this group shrinkable by rebuilding (`rebuilder`); `scope` names its
+  /// agreements in the store (the job's: every rank passes the same).
+  void rebuild_with(rebuilder r, std::string scope) {
+    rebuild_ = std::move(r);
+    scope_ = std::move(scope);
   }
 
   /// @brief Collective, at a step boundary: how many ranks are waiting to join this group
   /// (restarted workers, spares: `join`). Rank 0 asks `store` (one call) and broadcasts the
   /// answer, so every rank gets the same number. 0 for a group that cannot grow.
   std::int64_t waiting_to_join(const std::shared_ptr<rendezvous::store>& store) {
+    if (!impl_->shrinks_in_place()) return 0;  // (a group across nodes does not grow yet: no call at all)
     std::int64_t n = 0;
     if (rank() == 0 && store) n = std::max<std::int64_t>(impl_->join_tickets(*store) - admitted_, 0);
     broadcast(&n, &n, 1, dtype::i64, 0);
@@ -138,7 +155,7 @@ class process_group : public typed_collectives<process_group> {
   /// the members' yet (the trainer takes it from them).
   bool newcomer() const noexcept { return newcomer_; }
   /// @brief How many times the membership changed (shrinks and joins): 0 as first built.
-  std::uint64_t generation() const noexcept { return impl_->generation(); }
+  std::uint64_t generation() const noexcept { return rebuild_ ? generation_ : impl_->generation(); }
   /// @brief How many ranks the group had when it was first built (a node's local ranks).
   int founding_size() const noexcept { return founding_ ? founding_ : size(); }
 
@@ -191,7 +208,34 @@ class process_group : public typed_collectives<process_group> {
     virtual void close_joins(rendezvous::store&) = 0;
     virtual int founding_size() const noexcept = 0;
     virtual std::uint64_t generation() const noexcept = 0;
+    virtual bool shrinks_in_place() const noexcept = 0;
+    virtual std::vector<int> lost_ranks() const = 0;
   };
+
+  // A group across nodes: the survivors agree (by founding rank, sharing what each saw lost),
+  // and every one builds the group again over the membership, generation + 1.
+  membership shrink_by_rebuilding(std::shared_ptr<rendezvous::store> store, const shrink_options& o) {
+    if (!store) throw usage_error("shrink: no store", error_site::of("shrink"));
+    const int n = size(), me = rank();
+    if (!founding_) founding_ = n;
+    std::vector<int> ids = members_;
+    if (ids.empty())
+      for (int r = 0; r < n; ++r) ids.push_back(r);
+    std::vector<int> lost;
+    for (int r : impl_->lost_ranks())
+      if (r >= 0 && r < n && r != me) lost.push_back(ids[static_cast<std::size_t>(r)]);
+    const std::uint64_t generation = generation_ + 1;
+    membership m = agree_on_members(*store, scope_, generation, ids[static_cast<std::size_t>(me)], founding_,
+                                    n - static_cast<std::int64_t>(lost.size()), o, lost, n);
+    m.old_size = n;
+    m.before = ids;
+    process_group next = rebuild_(m.rank, m.size(), generation);
+    impl_ = std::move(next.impl_);  // (the failed group's connections close here)
+    members_ = m.members;
+    generation_ = generation;
+    changed(m, "shrunk");
+    return m;
+  }
 
   void changed(const membership& m, const char* how) {
     if (!founding_) founding_ = impl_->founding_size();
@@ -256,9 +300,9 @@ class process_group : public typed_collectives<process_group> {
         c = std::make_unique<C>(std::move(next.comm));
         return std::move(next.members);
       } else {
-        throw membership_error("this group (" + what + ") cannot shrink: only a node's shared-memory group can "
-                                   "go on without a lost rank so far; restart the job (kftrun --max-restarts, a "
-                                   "checkpoint) instead",
+        throw membership_error("this group (" + what + ") cannot shrink: a node's shared-memory group and the "
+                                   "Gloo group make_process_group builds can go on without a lost rank, MPI (without "
+                                   "ULFM) cannot; restart the job (kftrun --max-restarts, a checkpoint) instead",
                                this->next_site(collective::barrier));
       }
     }
@@ -285,6 +329,11 @@ class process_group : public typed_collectives<process_group> {
       if constexpr (std::same_as<C, shm::communicator>) return c->configuration().generation;
       else return 0;
     }
+    bool shrinks_in_place() const noexcept override { return std::same_as<C, shm::communicator>; }
+    std::vector<int> lost_ranks() const override {
+      if constexpr (requires { c->lost_ranks(); }) return c->lost_ranks();
+      else return {};
+    }
     int founding_size() const noexcept override {
       if constexpr (std::same_as<C, shm::communicator>) return detail::founding_size(*c);
       else return c->size();
@@ -307,6 +356,10 @@ class process_group : public typed_collectives<process_group> {
   std::int64_t admitted_ = 0;  // join tickets admitted so far (equal on every rank)
   int founding_ = 0;           // the size the group was first built with (0: not changed yet)
   bool newcomer_ = false;      // built by join(): joined a running group
+  rebuilder rebuild_;          // a group across nodes: how to build it again (shrink_by_rebuilding)
+  std::string scope_;          // its agreements' name in the store
+  std::vector<int> members_;   // its ranks by founding rank (empty: not shrunk)
+  std::uint64_t generation_ = 0;
 };
 
 static_assert(async_communicator<process_group>);

@@ -129,10 +129,15 @@ inline std::vector<int> parse_members(const std::string& text, const std::string
 /// of generation `generation` (>= 1) of the group called `scope`. `id`: this rank's founding
 /// rank (below `id_limit`); `expected`: how many this rank expects to arrive (it decides with
 /// those that came after `o.window` when fewer do). The steps are the file comment's.
+/// `known_lost` (ids this rank knows are gone) is filed with its arrival, and with `before` (the
+/// previous generation's size) every rank expects that size less the ids any arrival knows are
+/// gone: a rank that saw nothing (a peer on another node died) decides as soon as the others
+/// came, not after the window.
 /// @throws membership_error when this rank arrived after the decision that left it out
 /// @throws timeout_error when the store does not answer within `o.timeout`
 inline membership agree_on_members(rendezvous::store& store, std::string_view scope, std::uint64_t generation, int id,
-                                   int id_limit, std::int64_t expected, const shrink_options& o = {}) {
+                                   int id_limit, std::int64_t expected, const shrink_options& o = {},
+                                   std::span<const int> known_lost = {}, int before = 0) {
   using clk = std::chrono::steady_clock;
   const auto site = error_site::of("shrink");
   if (id_limit < 1 || id < 0 || id >= id_limit || generation < 1 || expected < 1)
@@ -145,14 +150,35 @@ inline membership agree_on_members(rendezvous::store& store, std::string_view sc
   const auto t0 = clk::now();
   const auto deadline = t0 + o.timeout;
   const auto ticket = store.add(prefix + "arrived", 1);
-  store.set(prefix + "arrival/" + std::to_string(ticket), std::to_string(id));
+  std::string filed = std::to_string(id);
+  if (!known_lost.empty()) filed += ":" + membership::list(std::vector<int>(known_lost.begin(), known_lost.end()));
+  store.set(prefix + "arrival/" + std::to_string(ticket), filed);
+  // What the arrivals so far said: their ids, and the ids they know are gone.
+  std::vector<int> came, gone;
+  std::int64_t read = 0;
+  auto learn = [&](std::int64_t arrived) {
+    for (; read < arrived; ++read) {
+      auto v = store.try_get(prefix + "arrival/" + std::to_string(read + 1));
+      if (!v) break;  // (filed right after its number: read next time)
+      const auto colon = v->find(':');
+      for (int r : detail::parse_members(v->substr(0, colon), prefix + "arrival")) came.push_back(r);
+      if (colon != std::string::npos)
+        for (int r : detail::parse_members(v->substr(colon + 1), prefix + "arrival")) gone.push_back(r);
+    }
+    std::int64_t lost = 0;
+    std::sort(gone.begin(), gone.end());
+    gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
+    for (int r : gone) lost += std::find(came.begin(), came.end(), r) == came.end();
+    return std::min<std::int64_t>(expected, before - lost);
+  };
 
   std::optional<std::string> agreed;
   auto pause = std::chrono::microseconds(200);
   while (!(agreed = store.try_get(decision))) {
     const auto now = clk::now();
     const auto arrived = store.add(prefix + "arrived", 0);
-    if (arrived >= expected || now >= t0 + o.window) {
+    const std::int64_t wanted = before > 0 && arrived < expected ? learn(arrived) : expected;
+    if (arrived >= wanted || now >= t0 + o.window) {
       // Decide with every rank that took a number so far (one that took it and has not filed
       // its rank yet is alive: it files it right after; wait for it briefly).
       std::vector<int> ranks;
@@ -166,7 +192,7 @@ inline membership agree_on_members(rendezvous::store& store, std::string_view sc
             continue;  // it died between its number and its rank: not a member
           }
         }
-        const auto parsed = detail::parse_members(*v, key);
+        const auto parsed = detail::parse_members(v->substr(0, v->find(':')), key);
         if (parsed.size() == 1 && parsed[0] < id_limit) ranks.push_back(parsed[0]);
       }
       std::sort(ranks.begin(), ranks.end());
@@ -214,7 +240,10 @@ inline membership agree_on_survivors(rendezvous::store& store, std::string_view 
                       error_site::of("shrink"));
   std::int64_t lost = 0;
   for (int r : known_lost) lost += r >= 0 && r < old_size && r != old_rank;
-  membership m = agree_on_members(store, scope, generation, old_rank, old_size, old_size - lost, o);
+  std::vector<int> gone;
+  for (int r : known_lost)
+    if (r >= 0 && r < old_size && r != old_rank) gone.push_back(r);
+  membership m = agree_on_members(store, scope, generation, old_rank, old_size, old_size - lost, o, gone, old_size);
   m.old_size = old_size;
   return m;
 }
@@ -358,8 +387,11 @@ inline shrunk_shm shrink(shm::communicator& failed, std::shared_ptr<rendezvous::
   const auto lost = failed.lost_ranks();
   std::int64_t gone = 0;
   for (int r : lost) gone += r >= 0 && r < failed.size() && r != failed.rank();
+  std::vector<int> lost_ids;
+  for (int r : lost)
+    if (r >= 0 && r < failed.size() && r != failed.rank()) lost_ids.push_back(ids[static_cast<std::size_t>(r)]);
   membership m = agree_on_members(*store, shrink_scope(cfg), cfg.generation + 1, ids[static_cast<std::size_t>(failed.rank())],
-                                  founding, failed.size() - gone, o);
+                                  founding, failed.size() - gone, o, lost_ids, failed.size());
   m.old_size = failed.size();
   m.before = ids;
   auto comm = detail::build_generation(std::move(store), cfg, m, founding);

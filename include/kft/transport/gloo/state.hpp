@@ -16,6 +16,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/device.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -152,7 +153,15 @@ struct state {
     if (!local_abort.empty())
       throw remote_error(op + " #" + std::to_string(seq) + " was cut short: this rank's communicator was " + local_abort,
                          site(op, seq));
-    const auto notes = compare_notes(store, rank, size, op, seq, what, cfg.report_grace, world_of, host_of);
+    // A connection the peer's side closed or reset: its process died (the kernel closed its
+    // sockets) or its own call failed and cut the connections, and then it records at once.
+    // Half a second is plenty for the living to record; a dead rank never does, and the
+    // survivors of a shrink should not wait out the whole grace to learn who is gone.
+    auto grace = cfg.report_grace;
+    if (what.find("reset by peer") != std::string::npos || what.find("closed by peer") != std::string::npos ||
+        what.find("Broken pipe") != std::string::npos)
+      grace = std::min(grace, std::chrono::milliseconds(500));
+    const auto notes = compare_notes(store, rank, size, op, seq, what, grace, world_of, host_of);
     const std::string shape = " (" + std::to_string(count) + " x " + std::string(kft::name(t)) + ")";
     if (!notes.aborted.empty())
       throw remote_error(op + shape + " stopped: " + notes.aborted, site(op, seq));

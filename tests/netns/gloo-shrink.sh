@@ -1,0 +1,157 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Going on without a lost rank across network-namespace hosts (issue 46): shared memory per
+# host + Gloo between hosts, ranks started by hand (rank 0 hosts the store), allreducing
+# (tests/netns/gloo_shrink_worker.cpp). After the fault the survivors shrink their process group
+# (they agree through the store and build the group again over themselves) and check it:
+#   rank3     2 hosts x 2 ranks, rank 3 (host 1) killed: ranks 0,1,2 go on
+#   host1     2 hosts x 2 ranks, both ranks of host 1 killed: ranks 0,1 go on
+#   cut       3 hosts x 1 rank, the link between hosts 1 and 2 cut (iptables), both still reach
+#             the store on host 0: one membership or clear errors, never two groups that work
+#   trainer   2 hosts x 2 ranks of the DDP trainer in deterministic mode
+#             (tests/integration/trainer_shrink_worker.cpp), rank 2 killed in step 5: the
+#             survivors finish on the bits of an uninterrupted run across the same hosts
+#
+#   gloo-shrink.sh <gloo_shrink_worker> <trainer_shrink_worker> [scenario...]
+#
+# Exit 77 (skip) when namespaces cannot be created.
+set -euo pipefail
+trap 'echo "$(basename "$0"): line $LINENO: a command failed (exit $?)" >&2' ERR
+worker=$1 trainer=$2; shift 2
+scenarios=("$@")
+((${#scenarios[@]})) || scenarios=(rank3 host1 cut trainer)
+here=$(cd "$(dirname "$0")" && pwd)
+cluster="$here/netns-cluster.sh"
+name="kfts$$"
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  pkill -9 -f "$worker $tmp" 2>/dev/null || true
+  pkill -9 -f "$trainer $tmp" 2>/dev/null || true
+  "$cluster" down "$name"
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+"$cluster" up "$name" 3 || exit $?   # 77 passes through as a skip
+command -v iptables >/dev/null || { echo "gloo-shrink: iptables is not installed (Debian: apt-get install iptables)" >&2; exit 1; }
+master=$("$cluster" addr "$name" 0)
+shm_before=$(ls /dev/shm | sort)
+
+fail() {
+  echo "FAILED ($scenario): $*" >&2
+  for f in "$tmp"/rank*.out; do echo "--- $f" >&2; tail -n 20 "$f" >&2; done
+  exit 1
+}
+
+port=29700
+# start HOSTS PER PROGRAM ARGS...: every rank in its host's namespace, rank 0 hosting the store.
+start() {
+  local hosts=$1 per=$2; shift 2
+  local world=$((hosts * per)) r h
+  port=$((port + 1))
+  for ((r = 0; r < world; r++)); do
+    h=$((r / per))
+    "$cluster" exec "$name" "$h" env RANK=$r WORLD_SIZE=$world LOCAL_RANK=$((r % per)) LOCAL_WORLD_SIZE=$per \
+      GROUP_RANK=$h GROUP_WORLD_SIZE=$hosts MASTER_ADDR="$master" MASTER_PORT=$port KFT_INTER_NODE=gloo \
+      KFT_RDZV_TOKEN="gloo-shrink-$$" KFT_RUN_ID="s$scenario$port" KFT_TIMEOUT=20s "$@" > "$tmp/rank$r.out" 2>&1 &
+    pids+=($!)
+  done
+}
+finish() {  # waits for every rank; their exit statuses in rcs
+  rcs=()
+  for p in "${pids[@]}"; do
+    rc=0
+    timeout 90 tail --pid="$p" -f /dev/null || true
+    wait "$p" || rc=$?
+    rcs+=("$rc")
+  done
+  pids=()
+}
+trainer_hashes() { grep -ho "trainer_shrink: rank [0-9]* of [0-9]* hash [0-9]* steps [0-9]*" "$tmp"/rank*.out | sort || true; }
+for scenario in "${scenarios[@]}"; do
+  if [[ "$scenario" == trainer ]]; then
+    rm -f "$tmp"/rank*.out "$tmp"/seen.*
+    pids=()
+    start 2 2 "$trainer" "$tmp" -1 0 deterministic
+    finish
+    ref=$(trainer_hashes)
+    [[ "${rcs[*]}" == "0 0 0 0" && $(wc -l <<<"$ref") == 4 ]] || fail "the uninterrupted run (exits ${rcs[*]}): $ref"
+    want=$(awk '{print $7}' <<<"$ref" | sort -u)
+    [[ $(wc -l <<<"$want") == 1 ]] || fail "the uninterrupted run's ranks differ: $ref"
+    rm -f "$tmp"/rank*.out "$tmp"/seen.*
+    start 2 2 "$trainer" "$tmp" 2 5 deterministic
+    finish
+    got=$(trainer_hashes)
+    echo "== trainer: exits ${rcs[*]}"
+    grep -h "lost rank" "$tmp"/rank*.out | cut -c1-300 || true
+    echo "$got"
+    for r in 0 1 3; do [[ "${rcs[$r]}" == 0 ]] || fail "survivor rank $r exited ${rcs[$r]}"; done
+    [[ $(wc -l <<<"$got") == 3 && $(awk '$5 == 3 && $9 == 20' <<<"$got" | wc -l) == 3 ]] ||
+      fail "ranks 0, 1 and 3 should end as a group of 3 after 20 steps: $got"
+    [[ $(awk '{print $7}' <<<"$got" | sort -u) == "$want" ]] ||
+      fail "the survivors did not end on the uninterrupted run's bits ($want): $got"
+    grep -q "step 5: lost rank(s) 2 of 4" "$tmp"/rank*.out || fail "no rank says rank 2 was lost in step 5"
+    echo "   ok: ranks 0, 1, 3 went on across the hosts and ended on the uninterrupted run's bits"
+    continue
+  fi
+  rm -f "$tmp"/pid.* "$tmp"/rank*.out "$tmp"/death
+  pids=()
+  case "$scenario" in
+    rank3) hosts=2 per=2 victims=3 ;;
+    host1) hosts=2 per=2 victims=2,3 ;;
+    cut) hosts=3 per=1 victims="" ;;
+    *) echo "unknown scenario $scenario" >&2; exit 2 ;;
+  esac
+  world=$((hosts * per))
+  start "$hosts" "$per" "$worker" "$tmp" 3 ${victims:+"$victims"} ${victims:+200}
+  for _ in $(seq 1 300); do
+    [[ $(cat "$tmp"/rank*.out 2>/dev/null | grep -c "^ready rank" || true) == "$world" ]] && break
+    sleep 0.1
+  done
+  [[ $(cat "$tmp"/rank*.out | grep -c "^ready rank") == "$world" ]] || fail "the $world ranks did not start"
+  grep -q "Gloo between nodes" "$tmp/rank0.out" || fail "the group is not Gloo's"
+  if [[ "$scenario" == cut ]]; then
+    sleep 0.5
+    date +%s%3N > "$tmp/death"
+    h2=$("$cluster" addr "$name" 2)
+    "$cluster" exec "$name" 1 iptables -A INPUT -s "$h2" -j DROP
+    "$cluster" exec "$name" 1 iptables -A OUTPUT -d "$h2" -j DROP
+  fi
+  finish
+  [[ "$scenario" != cut ]] || "$cluster" exec "$name" 1 iptables -F
+  cat "$tmp"/rank*.out > "$tmp/all.out"
+  echo "== $scenario: exits ${rcs[*]}"
+  grep -E "^gloo_shrink|allreduce failed|^rank [0-9]+: kft" "$tmp/all.out" | cut -c1-300 || true
+  case "$scenario" in
+    rank3|host1)
+      want=$([[ "$scenario" == rank3 ]] && echo "0,1,2" || echo "0,1")
+      survivors=$(tr ',' ' ' <<<"$want")
+      for r in $survivors; do
+        [[ "${rcs[$r]}" == 0 ]] || fail "survivor rank $r exited ${rcs[$r]}"
+        grep -q "^gloo_shrink: rank $r -> [0-9] of $(wc -w <<<"$survivors"), members $want, generation 1" "$tmp/rank$r.out" ||
+          fail "rank $r does not report the membership $want"
+        grep -q "^gloo_shrink: rank $r ok" "$tmp/rank$r.out" || fail "rank $r's new group did not check out"
+      done
+      # detection and the new group, after the death (one clock across the namespaces)
+      worst=$(grep -ho "shrunk [0-9-]* ms after" "$tmp/all.out" | awk '{print $2}' | sort -n | tail -1)
+      echo "   ok: survivors $want; the new group ${worst} ms after the death at the latest" ;;
+    cut)
+      # One job at most: every "ok" rank reports the same membership; the others exited with an error.
+      oks=$( (grep -l "^gloo_shrink: rank [0-9]* ok" "$tmp"/rank*.out || true) | wc -l)
+      memberships=$( (grep -ho "members [0-9,]*" "$tmp/all.out" || true) | sort -u | wc -l)
+      ok_memberships=$(for f in "$tmp"/rank*.out; do
+        if grep -q "^gloo_shrink: rank [0-9]* ok" "$f"; then grep -ho "members [0-9,]*" "$f"; fi; done | sort -u | wc -l)
+      ((ok_memberships <= 1)) || fail "two groups work: $(grep -h "members" "$tmp/all.out")"
+      ((memberships <= 1)) || fail "the ranks read different memberships: $(grep -h "members" "$tmp/all.out")"
+      for i in "${!rcs[@]}"; do
+        if [[ "${rcs[$i]}" != 0 ]]; then grep -q "kft: " "$tmp/rank$i.out" || fail "rank $i exited ${rcs[$i]} without kft's error"; fi
+      done
+      echo "   ok: $oks rank(s) went on in $ok_memberships membership(s); the others ended with kft's error" ;;
+  esac
+  sleep 0.3
+  if pgrep -f "$worker $tmp" >/dev/null; then fail "worker processes are left: $(pgrep -af "$worker $tmp")"; fi
+  left=$(comm -13 <(echo "$shm_before") <(ls /dev/shm | sort) | grep kft || true)
+  [[ -z "$left" ]] || fail "shared-memory segments left in /dev/shm: $left"
+done
+echo "all Gloo shrink scenarios passed: ${scenarios[*]}"
