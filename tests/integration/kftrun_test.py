@@ -329,8 +329,10 @@ def bad_input():
         (["--rdzv-timeout", "1e300", "--", "true"], {}, "--rdzv-timeout"),
         (["--rdzv-timeout", "0.0000001", "--", "true"], {}, "--rdzv-timeout"),
         (["--on-failure", "retry", "--", "true"], {}, "--on-failure"),
-        (["--nnodes", "2", "--on-failure", "continue", "--", "true"], {"KFT_RDZV_TOKEN": "t"},
-         '--on-failure="continue" keeps the survivors of one node for now'),
+        (["--nnodes", "1:2", "--on-failure", "continue", "--", "true"], {"KFT_RDZV_TOKEN": "t"},
+         '--on-failure="continue" keeps the survivors of a fixed-size job (--nnodes=1:2 is elastic'),
+        (["--nnodes", "2", "--on-failure", "heal", "--max-restarts", "1", "--", "true"], {"KFT_RDZV_TOKEN": "t"},
+         '--on-failure="heal" starts replacements on one node for now'),
         (["--on-failure", "heal", "--", "true"], {}, '--max-restarts="0" is how many replacements --on-failure heal'),
     ]:
         p, _ = run(args, **extra)

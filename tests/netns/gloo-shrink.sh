@@ -12,14 +12,18 @@
 #             (tests/integration/trainer_shrink_worker.cpp), rank 2 killed in step 5: the
 #             survivors finish on the bits of an uninterrupted run across the same hosts
 #
-#   gloo-shrink.sh <gloo_shrink_worker> <trainer_shrink_worker> [scenario...]
+#   kftrun    the rank3 case under two kftrun agents with --on-failure continue: both exit 0
+#   agent     node 1's kftrun agent killed (its workers die with it): node 0's agent goes on
+#             without it, its two ranks shrink to a group of 2 and the job exits 0
+#
+#   gloo-shrink.sh <gloo_shrink_worker> <trainer_shrink_worker> <kftrun> [scenario...]
 #
 # Exit 77 (skip) when namespaces cannot be created.
 set -euo pipefail
 trap 'echo "$(basename "$0"): line $LINENO: a command failed (exit $?)" >&2' ERR
-worker=$1 trainer=$2; shift 2
+worker=$1 trainer=$2 kftrun=$3; shift 3
 scenarios=("$@")
-((${#scenarios[@]})) || scenarios=(rank3 host1 cut trainer)
+((${#scenarios[@]})) || scenarios=(rank3 host1 cut trainer kftrun agent)
 here=$(cd "$(dirname "$0")" && pwd)
 cluster="$here/netns-cluster.sh"
 name="kfts$$"
@@ -29,6 +33,7 @@ cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   pkill -9 -f "$worker $tmp" 2>/dev/null || true
   pkill -9 -f "$trainer $tmp" 2>/dev/null || true
+  pkill -9 -f "kftrun.*$worker $tmp" 2>/dev/null || true
   "$cluster" down "$name"
   rm -rf "$tmp"
 }
@@ -40,7 +45,7 @@ shm_before=$(ls /dev/shm | sort)
 
 fail() {
   echo "FAILED ($scenario): $*" >&2
-  for f in "$tmp"/rank*.out; do echo "--- $f" >&2; tail -n 20 "$f" >&2; done
+  for f in "$tmp"/rank*.out "$tmp"/agent*.out; do [[ -e "$f" ]] || continue; echo "--- $f" >&2; tail -n 20 "$f" >&2; done
   exit 1
 }
 
@@ -70,6 +75,45 @@ finish() {  # waits for every rank; their exit statuses in rcs
 }
 trainer_hashes() { grep -ho "trainer_shrink: rank [0-9]* of [0-9]* hash [0-9]* steps [0-9]*" "$tmp"/rank*.out | sort || true; }
 for scenario in "${scenarios[@]}"; do
+  if [[ "$scenario" == kftrun || "$scenario" == agent ]]; then
+    rm -f "$tmp"/pid.* "$tmp"/agent*.out "$tmp"/death
+    pids=()
+    port=$((port + 1))
+    victims=$([[ "$scenario" == kftrun ]] && echo 3 || echo "")
+    for i in 0 1; do
+      "$cluster" exec "$name" "$i" env KFT_RDZV_TOKEN="gloo-shrink-$$" "$kftrun" --nnodes 2 --node-rank "$i" \
+        --master-addr "$master" --master-port "$port" --nproc-per-node 2 --on-failure continue --exit-grace 0 \
+        --run-id "k$scenario$port" -- "$worker" "$tmp" 3 ${victims:+"$victims"} ${victims:+200} > "$tmp/agent$i.out" 2>&1 &
+      pids+=($!)
+    done
+    for _ in $(seq 1 300); do
+      [[ $(cat "$tmp"/agent*.out 2>/dev/null | grep -c "ready rank" || true) == 4 ]] && break
+      sleep 0.1
+    done
+    [[ $(cat "$tmp"/agent*.out | grep -c "ready rank") == 4 ]] || fail "the 4 ranks did not start under kftrun"
+    if [[ "$scenario" == agent ]]; then
+      sleep 0.5
+      kill -9 "$(pgrep -f -- "--node-rank 1 .*--run-id kagent$port" | head -1)"
+    fi
+    finish
+    cat "$tmp"/agent*.out > "$tmp/all.out"
+    echo "== $scenario: agent exits ${rcs[*]}"
+    grep -E "gloo_shrink|kftrun\[" "$tmp/all.out" | cut -c1-300 || true
+    if [[ "$scenario" == kftrun ]]; then
+      [[ "${rcs[*]}" == "0 0" ]] || fail "the agents exited ${rcs[*]}, not 0 0"
+      grep -q "rank 3 (local rank 1) was killed by signal 9 (SIGKILL); the other workers go on" "$tmp/agent1.out" ||
+        fail "node 1's agent does not say rank 3 was lost and the others go on"
+      [[ $(grep -c "gloo_shrink: rank [012] ok" "$tmp/all.out") == 3 ]] || fail "ranks 0, 1 and 2 did not all go on"
+    else
+      [[ "${rcs[0]}" == 0 ]] || fail "node 0's agent exited ${rcs[0]}, not 0"
+      grep -q "the agent of node 1 on $name-h1 is gone (its connection to the store closed); the other nodes go on" \
+        "$tmp/agent0.out" || fail "node 0's agent does not say node 1's agent is gone and it goes on"
+      grep -q "gloo_shrink: rank 0 -> 0 of 2, members 0,1" "$tmp/all.out" && grep -q "gloo_shrink: rank 1 ok" "$tmp/all.out" ||
+        fail "ranks 0 and 1 did not go on as a group of 2"
+    fi
+    echo "   ok: the job went on under kftrun --on-failure continue"
+    continue
+  fi
   if [[ "$scenario" == trainer ]]; then
     rm -f "$tmp"/rank*.out "$tmp"/seen.*
     pids=()

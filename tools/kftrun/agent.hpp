@@ -28,6 +28,7 @@
 #include <atomic>
 #include <climits>
 #include <map>
+#include <set>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -67,7 +68,9 @@ struct options {
   // themselves, printing their own errors, before they are signalled (stop_workers).
   std::chrono::milliseconds exit_grace = 1s;
   // --on-failure continue: a failed worker is logged as lost and the others go on (they may
-  // shrink their group); the job succeeds when every worker left exits 0 (one node).
+  // shrink their group); the job succeeds when every worker left exits 0. Across nodes an agent
+  // whose workers were all lost reports "0" as done, and a peer agent that is gone is logged and
+  // no longer waited for (lost_nodes_).
   bool keep_going = false;
   // --on-failure heal (implies keep_going): a lost worker is replaced by a new one with the same
   // rank and KFT_JOIN set, which joins the running group at a step boundary (at most
@@ -584,7 +587,8 @@ class agent {
       for (const auto& e : exits) {
         if (e.code == 0) continue;
         const auto& why = group.start_error_of(e.rank);
-        if (opt_.keep_going && why.empty() && group.any_succeeded_or_running()) {
+        // (Across nodes a node may lose every worker while the job goes on on the others.)
+        if (opt_.keep_going && why.empty() && (group.any_succeeded_or_running() || nodes > 1)) {
           lost_.push_back(e);
           if (opt_.heal && replaced_ < opt_.max_restarts && group.any_running()) {
             ++replaced_;
@@ -647,11 +651,18 @@ class agent {
                                                             " replacement(s) started)"
                                                       : std::string(" (--on-failure continue)")));
           }
-          store_->set(key(attempt, "done/" + std::to_string(opt_.node_rank)), "1");
+          // "1": some worker here finished; "0": every one was lost (--on-failure continue across nodes).
+          store_->set(key(attempt, "done/" + std::to_string(opt_.node_rank)), group.any_succeeded_or_running() ? "1" : "0");
           reported_done = true;
         }
         if (reported_done && all_done(attempt, m)) {
           stop_workers(group);  // whatever they left running (daemons) does not outlive the job
+          if (!any_finished(attempt, m)) {  // every node lost every worker: the first one lost is the cause
+            out.code = exit_code::rank_lost;
+            out.fatal = true;
+            out.message = "every worker of the job was lost (--on-failure continue)";
+            return out;
+          }
           out.success = true;
           return out;
         }
@@ -731,13 +742,20 @@ class agent {
     const auto has = [](const std::vector<int>& ids, int n) { return std::find(ids.begin(), ids.end(), n) != ids.end(); };
     for (int n : m.ids) {
       const auto exited = [&] { return store_->try_get(key(attempt, "exit/" + std::to_string(n))).has_value(); };
-      if (n == opt_.node_rank || has(left, n)) continue;
+      if (n == opt_.node_rank || has(left, n) || lost_nodes_.count(n)) continue;
       const bool alive = has(connected, n);
       bool& seen = seen_alive[n];
       seen |= alive;
       const auto& host = m.hosts[m.position(n)];
       // (An agent sets its exit key before it leaves: read again, it may have ended just now.)
       if (!alive && seen && !exited()) {
+        if (opt_.keep_going) {  // its workers died with it; the others may go on without them
+          lost_nodes_.insert(n);
+          log(kft::log::level::warn, "the agent of node " + std::to_string(n) + " on " + host +
+                                         " is gone (its connection to the store closed); the other nodes go on "
+                                         "(--on-failure continue)");
+          continue;
+        }
         report_failure(attempt, failure::make({{"node", std::to_string(n)},
                                                {"host", host},
                                                {"code", std::to_string(exit_code::node_lost)},
@@ -796,8 +814,14 @@ class agent {
 
   bool all_done(int attempt, const membership& m) {
     for (int n : m.ids)
-      if (!store_->try_get(key(attempt, "done/" + std::to_string(n)))) return false;
+      if (!lost_nodes_.count(n) && !store_->try_get(key(attempt, "done/" + std::to_string(n)))) return false;
     return true;
+  }
+  // Some node's workers finished (a done key of "1"), not all were lost.
+  bool any_finished(int attempt, const membership& m) {
+    for (int n : m.ids)
+      if (!lost_nodes_.count(n) && store_->try_get(key(attempt, "done/" + std::to_string(n))) == "1") return true;
+    return false;
   }
 
   std::string missing_nodes(int attempt) {
@@ -896,6 +920,7 @@ class agent {
   std::string host_;
   std::vector<exit_info> lost_;  // --on-failure continue: this round's workers lost, in order
   int replaced_ = 0;             // --on-failure heal: replacements started in the job
+  std::set<int> lost_nodes_;     // --on-failure continue across nodes: agents gone (not waited for)
   std::shared_ptr<rdzv::store> store_;
   std::shared_ptr<rdzv::tcp_store> client_;  // store_'s connection (for set_owned)
   std::string prefix_;                       // store_'s prefix

@@ -206,10 +206,14 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
     if (o.heal && o.max_restarts < 1)
       throw kft::config_error("--max-restarts", std::to_string(o.max_restarts),
                               "is how many replacements --on-failure heal may start: give it 1 or more");
-    if (o.keep_going && (o.nnodes != 1 || o.elastic))
+    if (o.keep_going && o.elastic)
       throw kft::config_error("--on-failure", on_failure,
-                              "keeps the survivors of one node for now (--nnodes=" + nnodes +
-                                  "): across nodes a lost worker still stops the round");
+                              "keeps the survivors of a fixed-size job (--nnodes=" + nnodes +
+                                  " is elastic: a lost worker re-forms the round)");
+    if (o.heal && o.nnodes != 1)
+      throw kft::config_error("--on-failure", on_failure,
+                              "starts replacements on one node for now (--nnodes=" + nnodes +
+                                  "): across nodes use continue (the survivors shrink and go on)");
     if (!log_dir.empty()) o.log_dir = log_dir;
     o.cpusets = plan_bindings(bind, o.nproc_per_node);
     if (const char* t = std::getenv("KFT_RDZV_TOKEN"); t != nullptr && *t != '\0') {
