@@ -323,7 +323,7 @@ class trainer {
     if (o_.deterministic) fixed_.emplace(o_.fraction_bits, o_.micro_shards * o_.accumulate, sizes_);
     verify_metrics();
     if (joined_running_group()) {  // a restarted worker: the members' state, over the group
-      welcome_newcomers(true);
+      (void)welcome_newcomers(true);
       return;
     }
     if (o_.resume && !o_.checkpoint_dir.empty()) resume();
@@ -1225,8 +1225,8 @@ class trainer {
       r_.emplace(g_, params_, ro_, trainer_hook{false});
       console_->set_rank(g_.rank());  // (founding rank 0 back: it reports again)
       verify_metrics();  // (what a newcomer's constructor does after building its reducer)
-      welcome_newcomers(false);
-      if (g_.rank() == 0)
+      const int sender = welcome_newcomers(false);
+      if (g_.rank() == sender)  // (the lowest-ranked member: rank 0 may be a newcomer, founding rank 0 back)
         std::fprintf(stderr,
                      "kft: step %llu: rank(s) %s joined; going on with %d rank(s) (was %d; members %s, generation "
                      "%llu; state sent in %.3f s)\n",
@@ -1238,8 +1238,8 @@ class trainer {
 
   // Collective over a group that just grew: the lowest-ranked member that was there before
   // sends its parameters, optimizer state, loss scale, step, sampler position and RNG; the
-  // newcomers take them (`newcomer`: this rank is one), then the replicas are compared.
-  void welcome_newcomers(bool newcomer) {
+  // newcomers take them (`newcomer`: this rank is one), then the replicas are compared. Returns the sender's rank.
+  int welcome_newcomers(bool newcomer) {
     std::int64_t src = newcomer ? std::numeric_limits<std::int64_t>::max() : g_.rank();
     c_.allreduce(&src, &src, 1, dtype::i64, op_kind::min, options{});
     if (src == std::numeric_limits<std::int64_t>::max())
@@ -1275,6 +1275,7 @@ class trainer {
            ", sample " + std::to_string(pos[2]) + "): state from rank " + std::to_string(root));
     }
     verify_replicas(newcomer ? "a join (newcomer)" : "a join");
+    return root;
   }
 
   void after_step() {
