@@ -323,26 +323,7 @@ inline recv_result recv_at_least(int fd, char* buf, std::size_t count, std::size
 
 /// Receives exactly `count` bytes into `buf` before `deadline`.
 inline recv_result recv_exact(int fd, char* buf, std::size_t count, clock::time_point deadline) {
-  recv_result r;
-  while (r.got < count) {
-    if (!wait_for(fd, POLLIN, deadline)) {
-      r.what = recv_result::status::timeout;
-      return r;
-    }
-    const ssize_t n = ::recv(fd, buf + r.got, count - r.got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0) {
-      r.what = recv_result::status::closed;
-      return r;
-    }
-    if (n < 0) {
-      r.what = recv_result::status::error;
-      r.err = errno;
-      return r;
-    }
-    r.got += static_cast<std::size_t>(n);
-  }
-  return r;
+  return recv_at_least(fd, buf, count, count, deadline);
 }
 
 }  // namespace rendezvous::detail
