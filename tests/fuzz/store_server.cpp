@@ -19,7 +19,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -50,7 +52,23 @@ int connect_to(int port) {
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<std::uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) kft_fuzz::fail("cannot connect to the store");
+  // libFuzzer's timer (SIGALRM, for -timeout) may interrupt a blocking connect(); the connection
+  // then goes on in the background (EINTR), so wait for it to finish rather than call it failed.
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    if (errno != EINTR) kft_fuzz::fail(std::string("cannot connect to the store: ") + std::strerror(errno));
+    const auto deadline = clock_type::now() + std::chrono::seconds(5);
+    while (true) {
+      pollfd p{fd, POLLOUT, 0};
+      const int rc = ::poll(&p, 1, 100);
+      if (rc == 1) break;
+      if ((rc < 0 && errno != EINTR) || clock_type::now() >= deadline)
+        kft_fuzz::fail("connecting to the store did not finish within 5 s after an interrupted connect()");
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) kft_fuzz::fail(std::string("cannot connect to the store: ") + std::strerror(err));
+  }
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return fd;
