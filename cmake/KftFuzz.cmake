@@ -4,7 +4,7 @@
 #   KFT_FUZZ = AUTO (build and run them when clang++ with libFuzzer is found), ON (must be found),
 #              OFF (never)
 #   KFT_FUZZ_CXX      the clang++ to build them with (found on PATH as clang++ or clang++-<N>)
-#   KFT_FUZZ_SECONDS  how long each fuzz.<target> test fuzzes (default 20)
+#   KFT_FUZZ_SECONDS  how long each fuzz.<target> test fuzzes (default 10)
 #
 # libFuzzer needs clang while the main build is usually GCC, so tests/fuzz is a project of its own,
 # built through ExternalProject in <build>/fuzz. Per target <t> two CTest tests (label "fuzz"):
@@ -17,7 +17,7 @@ set_property(CACHE KFT_FUZZ PROPERTY STRINGS AUTO ON OFF)
 if(NOT KFT_FUZZ MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "kft: KFT_FUZZ=${KFT_FUZZ} is not one of AUTO, ON, OFF")
 endif()
-set(KFT_FUZZ_SECONDS 20 CACHE STRING "Seconds each fuzz.<target> test fuzzes")
+set(KFT_FUZZ_SECONDS 10 CACHE STRING "Seconds each fuzz.<target> test fuzzes")
 
 # Does `cxx` build and link a libFuzzer target with ASan and UBSan? Sets `out` to TRUE/FALSE and
 # `why` to what failed. The answer is cached per compiler.

@@ -619,6 +619,26 @@ def store_flood():
     expect(err0.count("\n") < 60, "in a bounded number of lines", err0.count("\n"))
 
 
+def rendezvous_cost():
+    """The static rendezvous costs each agent the same number of store requests (waits aside)
+    for 2 nodes as for 24: node records are read in one multi_get, not one get per node."""
+    per_node = {}
+    for nodes in (2, 24):
+        agents = agents_of(nodes, ["-v", "--nproc-per-node", "1", "--rdzv-timeout", "60"], ["sh", "-c", f": {MARK}"])
+        outs = [a.communicate(timeout=120) for a in agents]
+        counts = []
+        for n, (a, (_, err)) in enumerate(zip(agents, outs)):
+            expect(a.returncode == 0, f"node {n} of {nodes} ends the job with 0", a.returncode, err[-2000:])
+            m = re.search(rf"round 0 formed with {nodes} node\(s\): (\d+) store requests from this agent, besides (\d+) wait", err)
+            expect(m, f"node {n} of {nodes} says what the rendezvous cost it (-v)", err[-2000:])
+            counts.append(int(m.group(1)))
+        print(f"rendezvous of {nodes} nodes: store requests per agent (waits aside): {sorted(set(counts))}")
+        per_node[nodes] = counts
+    expect(max(per_node[24]) <= max(per_node[2]), "24 nodes cost no agent more store requests than 2 nodes do",
+           per_node)
+    expect(max(per_node[24]) <= 8, "a handful of requests per agent", per_node)
+
+
 def store_oversized_hello():
     # 32 strangers each announce a 60 MiB first frame and stream data after it.
     port = free_port()
@@ -858,6 +878,7 @@ def elastic_duplicate_node_rank():
     os.unlink(flag)
 
 SCENARIOS = {f.__name__: f for f in [
+    rendezvous_cost,
     signal_stops_every_node, nproc_auto, bind_core,
     torch_style_worker, worker_fails, worker_killed_by_signal, restart_once, restarts_exhausted,
     two_agents_restart_together, agent_killed, agent_stopped, store_host_killed, worker_exit_classes, sigterm, sigint, wrong_token, port_in_use,

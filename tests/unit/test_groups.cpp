@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -20,6 +21,8 @@
 #include <kft/group/factory.hpp>
 #include <kft/group/shrink.hpp>
 #include <kft/rendezvous/memory_store.hpp>
+#include <kft/rendezvous/tcp_store.hpp>
+#include <kft/rendezvous/tcp_store_server.hpp>
 
 using namespace std::chrono_literals;
 
@@ -85,6 +88,55 @@ BOOST_AUTO_TEST_CASE(several_nodes_without_mpi_get_the_gloo_group) {
                "shared memory per node + Gloo between nodes (TCP on lo 127.0.0.1 (the route to 127.0.0.1)): 2 nodes x 2 ranks");
     BOOST_TEST(sums[static_cast<std::size_t>(r)] == 10.0f);
   }
+}
+
+// What building the group costs the store: the same number of requests per rank for 3 nodes as
+// for 8 (2 ranks each). Every read of "everyone's" records (host identities, Gloo's addresses,
+// the members' places) is one multi_get, not one get per rank; a regression to per-rank reads
+// shows as a count that grows with the job.
+BOOST_AUTO_TEST_CASE(building_the_gloo_group_costs_the_same_store_requests_per_rank_at_any_size) {
+  kft::rendezvous::tcp_store_server::options serve;
+  serve.token = "t";
+  serve.log = [](const std::string&) {};
+  kft::rendezvous::tcp_store_server server(serve);
+  std::vector<double> per_rank;
+  for (const int nodes : {3, 8}) {
+    const int size = 2 * nodes;
+    std::vector<std::string> errors(static_cast<std::size_t>(size));
+    std::vector<std::uint64_t> sent(static_cast<std::size_t>(size));
+    std::vector<std::thread> t;
+    const auto before = server.requests();
+    for (int r = 0; r < size; ++r)
+      t.emplace_back([&, r] {
+        try {
+          kft::rendezvous::tcp_store::options so;
+          so.host = "127.0.0.1";
+          so.port = server.port();
+          so.token = "t";
+          so.name = "rank " + std::to_string(r);
+          auto client = std::make_shared<kft::rendezvous::tcp_store>(so);
+          auto scoped = std::make_shared<kft::rendezvous::prefix_store>(client, "n" + std::to_string(nodes) + "/");
+          const kft::environment env(kft::environment::map_type{
+              {"KFT_RUN_ID", "groups-cost-" + std::to_string(nodes)}, {"KFT_HOST_ID", "host" + std::to_string(r / 2)}});
+          auto pg = kft::group::make_process_group(place(r, size, 2, nodes), scoped, {}, env);
+          sent[static_cast<std::size_t>(r)] = client->requests();
+          std::vector<float> x(100, 1.0f);
+          pg.allreduce(std::span<float>(x), kft::ops::sum);
+          if (x[99] != static_cast<float>(size)) errors[static_cast<std::size_t>(r)] = "wrong sum";
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    for (auto& x : t) x.join();
+    for (const auto& e : errors) BOOST_TEST(e.empty(), e);
+    const double mean = static_cast<double>(server.requests() - before) / size;
+    const auto most = *std::max_element(sent.begin(), sent.end());
+    BOOST_TEST_MESSAGE(nodes << " nodes x 2 ranks: " << mean << " store requests per rank on average, at most " << most
+                             << " from one rank");
+    BOOST_TEST(most <= 16u);  // a handful, whatever the size
+    per_rank.push_back(mean);
+  }
+  BOOST_TEST(per_rank[1] <= per_rank[0]);  // 8 nodes cost no rank more than 3 do
 }
 
 BOOST_AUTO_TEST_CASE(an_inter_node_choice_that_cannot_hold_is_refused) {

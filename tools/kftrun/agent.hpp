@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <optional>
@@ -188,7 +189,14 @@ class agent {
     int failures = 0;  // rounds that ended in a failure (a membership change is not one)
     for (int attempt = opt_.elastic ? first_elastic_round() : 0;; ++attempt) {
       membership m;
+      const auto sent_before = client_->requests();
+      const auto waits_before = waits_;
       auto outcome = opt_.elastic ? form_elastic(attempt, m) : form_static(attempt, m);
+      if (!outcome && m.member)  // what the rendezvous cost this agent: the same for any number of nodes
+        log(kft::log::level::debug, "round " + std::to_string(attempt) + " formed with " + std::to_string(m.ids.size()) +
+                                        " node(s): " + std::to_string(client_->requests() - sent_before - (waits_ - waits_before)) +
+                                        " store requests from this agent, besides " +
+                                        std::to_string(waits_ - waits_before) + " wait(s)");
       if (!outcome) {
         if (!m.member) {  // elastic: the round is full without this node; the next one may take it
           if (ended_) {
@@ -265,6 +273,7 @@ class agent {
       if (g_signal.load() != 0) return waited::signalled;
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
       try {
+        ++waits_;
         store_->wait(keys, std::clamp<std::chrono::milliseconds>(left, 0ms, 200ms));
         return waited::ok;
       } catch (const kft::timeout_error&) {
@@ -321,8 +330,9 @@ class agent {
                       std::to_string(opt_.master_port) + ")";
         return out;
       }
+      const auto records = store_->multi_get(keys, opt_.rdzv_timeout);  // one request, whatever --nnodes
       for (int n = 0; n < opt_.nnodes; ++n) {
-        std::istringstream in(*store_->try_get(keys[static_cast<std::size_t>(n)]));
+        std::istringstream in(records[static_cast<std::size_t>(n)]);
         in >> nprocs[static_cast<std::size_t>(n)] >> hosts[static_cast<std::size_t>(n)];
       }
       if (opt_.node_rank == 0) store_->set(key(attempt, "worker_port"), std::to_string(free_port(opt_.master_addr, opt_.rdzv_timeout)));
@@ -498,6 +508,7 @@ class agent {
         }
         try {
           const std::string k[] = {ekey(round, "members")};
+          ++waits_;
           store_->wait(k, 200ms);
         } catch (const kft::timeout_error&) {
         }
@@ -507,8 +518,11 @@ class agent {
       m.member = std::find(m.ids.begin(), m.ids.end(), opt_.node_rank) != m.ids.end();
       if (!m.member) return std::nullopt;
       m.index = static_cast<int>(m.position(opt_.node_rank));
-      for (int id : m.ids) {
-        std::istringstream j(store_->get(ekey(round, "join/" + std::to_string(id)), opt_.rdzv_timeout));
+      std::vector<std::string> join_keys;
+      for (int id : m.ids) join_keys.push_back(ekey(round, "join/" + std::to_string(id)));
+      const auto joins = store_->multi_get(join_keys, opt_.rdzv_timeout);  // one request, whatever the size
+      for (const auto& record : joins) {
+        std::istringstream j(record);
         int np = 0;
         std::string h;
         j >> np >> h;
@@ -739,6 +753,20 @@ class agent {
       return ids;
     };
     const auto left = nodes_under("exit"), connected = nodes_under("alive");
+    // Every agent's heartbeat counter, in two requests whatever the number of nodes (a listing,
+    // then one multi_get); a node that has not beaten yet reads 0.
+    std::map<int, std::int64_t> counters;
+    if (heartbeats) {
+      auto hb_keys = store_->keys("hb/");
+      std::erase_if(hb_keys, [](const std::string& k) {
+        return k.size() <= 3 || k.size() > 12 || !std::all_of(k.begin() + 3, k.end(), [](char c) { return c >= '0' && c <= '9'; });
+      });
+      if (!hb_keys.empty()) {
+        const auto values = store_->multi_get(hb_keys, opt_.heartbeat_timeout);
+        for (std::size_t i = 0; i < hb_keys.size(); ++i)
+          counters[std::stoi(hb_keys[i].substr(3))] = std::strtoll(values[i].c_str(), nullptr, 10);
+      }
+    }
     const auto has = [](const std::vector<int>& ids, int n) { return std::find(ids.begin(), ids.end(), n) != ids.end(); };
     for (int n : m.ids) {
       const auto exited = [&] { return store_->try_get(key(attempt, "exit/" + std::to_string(n))).has_value(); };
@@ -765,7 +793,8 @@ class agent {
         continue;
       }
       if (!heartbeats) continue;
-      const auto v = store_->add("hb/" + std::to_string(n), 0);
+      const auto counted = counters.find(n);
+      const std::int64_t v = counted == counters.end() ? 0 : counted->second;
       auto [it, fresh] = beats.try_emplace(n, v, now);
       if (fresh || it->second.first != v) {
         it->second = {v, now};
@@ -923,6 +952,7 @@ class agent {
   std::set<int> lost_nodes_;     // --on-failure continue across nodes: agents gone (not waited for)
   std::shared_ptr<rdzv::store> store_;
   std::shared_ptr<rdzv::tcp_store> client_;  // store_'s connection (for set_owned)
+  std::uint64_t waits_ = 0;  // the rendezvous' waits on the store (slices of wait_or_signal), counted apart
   std::string prefix_;                       // store_'s prefix
   std::optional<int> ended_;  // elastic: the job's status, seen while waiting to be taken in
 };

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <functional>
 #include <mutex>
@@ -188,6 +189,9 @@ class tcp_store final : public store {
   }
   /// @brief A round trip; throws when the store is gone.
   void ping() { expect_ok(call(wire::writer().u8(op(wire::op::ping)), "ping"), "ping"); }
+  /// @brief Requests this client has sent (one per call: a `multi_get` of 1,000 keys is one).
+  /// What a program counts its own round trips with; the server counts everyone's.
+  std::uint64_t requests() const noexcept { return sent_.load(std::memory_order_relaxed); }
 
  private:
   static std::uint8_t op(wire::op o) { return static_cast<std::uint8_t>(o); }
@@ -202,6 +206,7 @@ class tcp_store final : public store {
       throw usage_error(std::string("a ") + what + " request of " + std::to_string(frame.size() - 4) + " bytes, over a frame's " +
                             std::to_string(wire::max_frame >> 20) + " MiB (" + describe() + "): send it in parts",
                         error_site::of(std::string("store ") + what));
+    sent_.fetch_add(1, std::memory_order_relaxed);
     return request(frame, wait_time + opt_.io_timeout, what);
   }
 
@@ -273,6 +278,7 @@ class tcp_store final : public store {
 
   options opt_;
   std::mutex mu_;
+  std::atomic<std::uint64_t> sent_{0};
   detail::unique_fd fd_;
   int lost_code_ = 0;  // why the connection was dropped (lost()'s code)
 };

@@ -137,22 +137,22 @@ inline layout exchange(rendezvous::store& store, int rank, int size, std::string
   store.set(scope + std::to_string(rank), host);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(scope + std::to_string(r));
+  std::vector<std::string> hosts;
   try {
-    store.wait(keys, timeout);
+    hosts = store.multi_get(keys, timeout);  // one request on the TCP store, whatever `size`
   } catch (const timeout_error&) {
+    const auto present = store.keys(scope);  // one request, not one per rank
     std::string missing;
     int count = 0;
     for (int r = 0; r < size; ++r)
-      if (!store.try_get(keys[static_cast<std::size_t>(r)])) missing += (count++ ? ", " : "") + std::to_string(r);
+      if (!std::binary_search(present.begin(), present.end(), keys[static_cast<std::size_t>(r)]))
+        missing += (count++ ? ", " : "") + std::to_string(r);
     if (count == 0) throw;  // everyone arrived just at the deadline: the store's own message
     throw timeout_error((count == 1 ? "rank " : "ranks ") + missing + " of " + std::to_string(size) +
                             " did not publish a host identity within " + kft::detail::describe_duration(timeout) +
                             " (on " + store.describe() + ")",
                         error_site::in({}, rank, size, "topology exchange", static_cast<std::uint64_t>(round)));
   }
-  std::vector<std::string> hosts;
-  hosts.reserve(static_cast<std::size_t>(size));
-  for (const auto& k : keys) hosts.push_back(store.get(k, timeout));
   return layout(rank, std::move(hosts));
 }
 

@@ -18,6 +18,7 @@
 #error "kft/transport/gloo/failure.hpp needs the Gloo component: configure kft with KFT_WITH_GLOO=ON and link kft::gloo"
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -66,14 +67,31 @@ inline findings compare_notes(std::shared_ptr<rendezvous::store> store, int me, 
       st->set(failure_key(me), op_name + " #" + std::to_string(seq) + ": " + note_of_mine);
       std::vector<std::string> notes(static_cast<std::size_t>(n));
       const auto d = deadline::after(grace);
-      for (;;) {
-        int missing = 0;
-        for (int r = 0; r < n; ++r) {
-          auto& note = notes[static_cast<std::size_t>(r)];
-          if (note.empty()) note = st->try_get(failure_key(r)).value_or("");
-          missing += note.empty();
+      // Two requests a look, whatever n: which records exist (one listing), then the new ones.
+      const std::string fail_prefix = failure_key(0).substr(0, failure_key(0).size() - 1);
+      for (int missing = n;;) {
+        const auto present = st->keys("kft/");
+        const bool aborted = std::binary_search(present.begin(), present.end(), std::string(abort_key));
+        std::vector<std::string> fresh;
+        std::vector<int> whose;
+        for (const auto& k : present) {
+          if (!k.starts_with(fail_prefix)) continue;
+          const auto tail = k.substr(fail_prefix.size());
+          if (tail.empty() || tail.size() > 9 || !std::all_of(tail.begin(), tail.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            continue;
+          const int r = std::stoi(tail);
+          if (r < 0 || r >= n || !notes[static_cast<std::size_t>(r)].empty()) continue;
+          fresh.push_back(k);
+          whose.push_back(r);
         }
-        if (missing == 0 || d.passed() || st->try_get(abort_key)) break;
+        if (!fresh.empty()) {
+          const auto got = st->multi_get(fresh, 1s);
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            notes[static_cast<std::size_t>(whose[i])] = got[i].empty() ? std::string("?") : got[i];
+            --missing;
+          }
+        }
+        if (missing == 0 || d.passed() || aborted) break;
         std::this_thread::sleep_for(20ms);
       }
       auto name_of = [&](int r) {

@@ -42,6 +42,60 @@
 KFT_NAMESPACE_BEGIN
 namespace gloo::detail {
 
+// A Gloo context whose full mesh is connected through kft's store in two requests per rank
+// (state::connect). Gloo keeps the transport context and device in protected members of its
+// Context, which this subclass fills the way connectFullMesh does.
+class mesh_context final : public ::gloo::rendezvous::Context {
+ public:
+  mesh_context(int r, int n) : ::gloo::rendezvous::Context(r, n) {}
+
+  static std::string key(int from, int to) { return "mesh/" + std::to_string(from) + "/" + std::to_string(to); }
+
+  // Publishes this rank's place and pair addresses, reads every peer's, connects every pair.
+  // @return each member's place as it published it (this rank's own slot is left empty)
+  std::vector<std::string> connect(rendezvous::store& st, const std::string& place,
+                                   std::shared_ptr<::gloo::transport::Device> dev, std::chrono::milliseconds timeout) {
+    auto tc = dev->createContext(rank, size);
+    tc->setTimeout(timeout);
+    std::vector<rendezvous::key_value> mine;
+    std::vector<std::string> wanted;
+    mine.reserve(static_cast<std::size_t>(size - 1));
+    wanted.reserve(static_cast<std::size_t>(size - 1));
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      const auto address = tc->createPair(peer)->address().bytes();
+      // "<place length> <place><address bytes>": the place is text, the address binary.
+      std::string value = std::to_string(place.size()) + " " + place;
+      value.append(address.data(), address.size());
+      mine.push_back({key(rank, peer), std::move(value)});
+      wanted.push_back(key(peer, rank));
+    }
+    st.multi_set(mine);
+    const auto got = st.multi_get(wanted, timeout);
+    std::vector<std::string> places(static_cast<std::size_t>(size));
+    for (int peer = 0, i = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      const std::string& v = got[static_cast<std::size_t>(i++)];
+      const auto sp = v.find(' ');
+      std::size_t len = 0;
+      const bool ok = sp != std::string::npos && sp > 0 && sp < 12 &&
+                      std::all_of(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(sp),
+                                  [](char ch) { return ch >= '0' && ch <= '9'; }) &&
+                      (len = std::stoul(v.substr(0, sp)), sp + 1 + len < v.size());
+      if (!ok)
+        throw transport_error("rank " + std::to_string(peer) + " of the group published a malformed address under " +
+                                  key(peer, rank) + " (" + std::to_string(v.size()) + " bytes)",
+                              error_site::of("gloo connect"));
+      places[static_cast<std::size_t>(peer)] = v.substr(sp + 1, len);
+      const std::vector<char> address(v.begin() + static_cast<std::ptrdiff_t>(sp + 1 + len), v.end());
+      tc->getPair(peer)->connect(address);
+    }
+    device_ = std::move(dev);
+    transportContext_ = std::move(tc);
+    return places;
+  }
+};
+
 // One Gloo context and what kft keeps beside it.
 struct state {
   std::shared_ptr<rendezvous::store> store;
@@ -58,9 +112,12 @@ struct state {
 
   ~state() { engine.reset(); }  // queued work first (each call bounded by its deadline)
 
-  // Collective over the `n` ranks that meet in `st`: each publishes its place (job rank, host)
-  // under kft/member/<r>, Gloo connects a full mesh of TCP pairs through the store, and each
-  // reads every member's place.
+  // Collective over the `n` ranks that meet in `st`, two store requests per rank whatever `n`:
+  // each rank creates its Gloo pair for every other rank and publishes, in one multi_set, one
+  // key per peer: "mesh/<from>/<to>" = its place (job rank, host) and the address of its pair
+  // for <to>; then reads the keys addressed to it in one multi_get and connects its pairs.
+  // (Gloo's own connectFullMesh asks the store 2n times per rank, and each rank reads every
+  // rank's whole address list: O(n) requests and O(n^2) bytes per rank.)
   void connect(std::shared_ptr<rendezvous::store> st, int r, int n, std::shared_ptr<::gloo::transport::Device> device,
                config c) {
     cfg = std::move(c);
@@ -73,28 +130,33 @@ struct state {
                         error_site::of("gloo init"));
     store = std::move(st);
     const int world_rank = cfg.identity.world_rank >= 0 ? cfg.identity.world_rank : rank;
-    store->set("kft/member/" + std::to_string(rank), std::to_string(world_rank) + " " + cfg.host);
-    ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
-    ctx->setTimeout(cfg.timeout);
+    const std::string place = std::to_string(world_rank) + " " + cfg.host;
+    auto mesh = std::make_shared<mesh_context>(rank, size);
+    mesh->setTimeout(cfg.timeout);
+    world_of.assign(static_cast<std::size_t>(size), 0);
+    host_of.assign(static_cast<std::size_t>(size), std::string());
+    world_of[static_cast<std::size_t>(rank)] = world_rank;
+    host_of[static_cast<std::size_t>(rank)] = cfg.host;
     if (size > 1) {
-      store_adapter meet(store, cfg.timeout);
       const sigpipe_blocked quiet;
       try {
-        ctx->connectFullMesh(meet, device);
+        const auto places = mesh->connect(*store, place, device, cfg.timeout);
+        for (int m = 0; m < size; ++m) {
+          if (m == rank) continue;
+          const auto& p = places[static_cast<std::size_t>(m)];
+          const auto sp = p.find(' ');
+          world_of[static_cast<std::size_t>(m)] = std::stoi(p.substr(0, sp));
+          host_of[static_cast<std::size_t>(m)] = sp == std::string::npos ? std::string() : p.substr(sp + 1);
+        }
       } catch (const ::gloo::Exception& e) {
         throw transport_error("Gloo could not connect this rank to its peers: " + tidy(e.what()), site("connect", 0));
-      } catch (const timeout_error& e) {  // a peer never published its address (Gloo's key = its rank)
+      } catch (const timeout_error& e) {  // a peer never published its addresses
         throw timeout_error("connecting to the other " + std::to_string(size - 1) + " rank(s) timed out after " +
                                 kft::detail::describe_duration(cfg.timeout) + ": " + e.detail(),
                             site("connect", 0));
       }
     }
-    for (int m = 0; m < size; ++m) {
-      const auto place = store->get("kft/member/" + std::to_string(m), cfg.timeout);
-      const auto sp = place.find(' ');
-      world_of.push_back(std::stoi(place.substr(0, sp)));
-      host_of.push_back(sp == std::string::npos ? std::string() : place.substr(sp + 1));
-    }
+    ctx = std::move(mesh);
   }
 
   int world(int r) const { return r >= 0 && r < static_cast<int>(world_of.size()) ? world_of[static_cast<std::size_t>(r)] : r; }
