@@ -118,7 +118,8 @@ class observer {
 /// @brief The default observer: rank 0's banner, progress line, epoch table, summary and JSON log.
 class console_report : public observer {
  public:
-  /// `quiet`: nothing on stdout/stderr; `log_json`: a JSON-lines file appended to ("" : none).
+  /// `quiet`: no banner, progress line or epoch table, only the summary line (docs/ddp.md);
+  /// `log_json`: a JSON-lines file appended to ("" : none).
   console_report(int rank, int ranks, bool quiet, std::string log_json)
       : on_(rank == 0), quiet_(quiet), path_(std::move(log_json)) {
     if (on_ && !path_.empty()) {

@@ -193,7 +193,7 @@ struct trainer_options {
   using loss_scaling = ddp::loss_scaling;
   loss_scaling loss_scale;
   // Reporting (rank 0).
-  bool quiet = false;
+  bool quiet = false;                    ///< rank 0 prints only the summary line (and what a lost rank changed)
   std::string log_json;                  ///< JSON-lines log file ("" = none)
   int threads = 0;                       ///< compute threads per rank, for the report (0: not reported)
   double baseline_samples_per_s = 0.0;   ///< one rank's rate, for the weak-scaling efficiency
@@ -1226,11 +1226,13 @@ class trainer {
       console_->set_rank(g_.rank());  // (founding rank 0 back: it reports again)
       verify_metrics();  // (what a newcomer's constructor does after building its reducer)
       const int sender = welcome_newcomers(false);
+      // "step N": the first step the newcomers take part in, as the loss line names the step it
+      // happened in (a join before the redo of step 200 and the loss in step 200 both say 200).
       if (g_.rank() == sender)  // (the lowest-ranked member: rank 0 may be a newcomer, founding rank 0 back)
         std::fprintf(stderr,
                      "kft: step %llu: rank(s) %s joined; going on with %d rank(s) (was %d; members %s, generation "
                      "%llu; state sent in %.3f s)\n",
-                     static_cast<unsigned long long>(step_), group::membership::list(m.joined()).c_str(), m.size(),
+                     static_cast<unsigned long long>(step_ + 1), group::membership::list(m.joined()).c_str(), m.size(),
                      before, m.describe().c_str(), static_cast<unsigned long long>(m.generation),
                      seconds(t0, clk::now()));
     }
