@@ -10,7 +10,8 @@
 // death (ms since the epoch, CLOCK_REALTIME: one clock across the namespaces) to <dir>/death.
 // Without victims the ranks allreduce until an error (a cut link). Every rank writes its pid to
 // <dir>/pid.<rank> and prints "ready". A survivor prints
-//   gloo_shrink: rank R -> r of n, members M, generation G, error E ms, shrunk S ms after the death
+//   gloo_shrink: rank R -> r of n, members M, generation G, error E ms, shrunk S ms after the death, knew lost: L
+// (L: the job ranks it knew were gone when its call failed, pg.lost_ranks(), or "none")
 // then "gloo_shrink: rank R ok" when an allreduce, a broadcast and a barrier of the new group
 // gave what its members should, or kft's error and exits 1.
 #include <signal.h>
@@ -79,13 +80,16 @@ int main(int argc, char** argv) {
       err_ms = now_ms();
       std::fprintf(stderr, "rank %d: the allreduce failed: %s\n", job_rank, e.what());
     }
+    std::string knew;  // the ranks this rank knew were gone when its call failed
+    for (int r : pg.lost_ranks()) knew += (knew.empty() ? "" : ",") + std::to_string(r);
     const auto m = pg.shrink(job.store());
     const long long shrunk_ms = now_ms();
     long long death = 0;
     std::ifstream(dir + "/death") >> death;
-    std::printf("gloo_shrink: rank %d -> %d of %d, members %s, generation %llu, error %lld ms, shrunk %lld ms after the death\n",
+    std::printf("gloo_shrink: rank %d -> %d of %d, members %s, generation %llu, error %lld ms, shrunk %lld ms after the death, "
+                "knew lost: %s\n",
                 job_rank, pg.rank(), pg.size(), m.describe().c_str(), static_cast<unsigned long long>(m.generation),
-                death ? err_ms - death : -1, death ? shrunk_ms - death : -1);
+                death ? err_ms - death : -1, death ? shrunk_ms - death : -1, knew.empty() ? "none" : knew.c_str());
     std::fflush(stdout);
     // The new group: an allreduce of each member's job rank + 1, a broadcast from its last rank, a barrier.
     const float members_sum =

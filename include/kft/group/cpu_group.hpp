@@ -22,6 +22,7 @@
 /// and barrier run flat. Asynchronous calls run in order on the group's engine.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -157,13 +158,28 @@ class cpu_group : public typed_collectives<cpu_group<Inter>> {
   int size() const noexcept { return p_.flat.size(); }
   std::uint64_t sequence() const noexcept { return issued_; }
   const topology::layout& layout() const noexcept { return p_.layout; }
-  /// @brief The group's ranks on this node whose processes are gone (the node's shared-memory
-  /// communicator sees them), as ranks of the group: what a shrink knows is lost.
+  /// @brief The group's ranks this rank knows are gone, as ranks of the group: what a shrink
+  /// knows is lost. On this node, those whose processes are gone (the node's shared-memory
+  /// communicator sees them); on other nodes, those the inter-node communicators found gone
+  /// (when `Inter` tells: Gloo names a peer that closed the connection and recorded nothing).
   std::vector<int> lost_ranks() const {
     std::vector<int> out;
     const auto& mine = p_.layout.local_members();
     for (int l : p_.intra->lost_ranks())
       if (l >= 0 && l < static_cast<int>(mine.size())) out.push_back(mine[static_cast<std::size_t>(l)]);
+    if constexpr (requires(const Inter& c) { c.lost_ranks(); }) {
+      for (int r : p_.flat.lost_ranks()) out.push_back(r);
+      if constexpr (requires(const Inter& c) { c.world_rank_of(0); }) {
+        // A rail's member, by its job rank, to the group's rank with that job rank.
+        for (int m : p_.rail.lost_ranks()) {
+          const int job = p_.rail.world_rank_of(m);
+          for (int r = 0; r < p_.flat.size(); ++r)
+            if (p_.flat.world_rank_of(r) == job) out.push_back(r);
+        }
+      }
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
     return out;
   }
   /// @brief Every rank of the job, for flat collectives.

@@ -96,6 +96,12 @@ class process_group : public typed_collectives<process_group> {
     if (impl_) impl_->abort(reason);
   }
 
+  /// @brief The group's ranks this rank knows are gone, after a call failed: on its node, those
+  /// whose processes are gone; across nodes, a Gloo peer that closed the connection and recorded
+  /// no failure. What `shrink` files with this rank's arrival, so the survivors together expect
+  /// the right count and decide without waiting out `shrink_options::window`.
+  std::vector<int> lost_ranks() const { return impl_->lost_ranks(); }
+
   /// @brief Collective over the survivors, after a call failed because ranks died (a
   /// `remote_error`): they agree through `store` on who is left (group/shrink.hpp) and this
   /// group becomes the smaller one in place, so whoever holds a reference to it keeps a working

@@ -46,8 +46,10 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/device.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -97,6 +99,16 @@ class communicator : public typed_collectives<communicator> {
   /// @brief The job rank of member `r` (for messages).
   int world_rank_of(int r) const { return s_->world(r); }
   error_site next_site(collective c) const { return s_->site(std::string(name(c)), s_->issued + 1); }
+  /// @brief The members this rank found gone: a failed call's connection to it was closed or
+  /// reset from its side and it recorded no failure within the grace (a killed process's kernel
+  /// closes its sockets; a living rank whose call failed records at once). What a shrink
+  /// counts as lost (group/shrink.hpp). Empty until a call failed that way.
+  std::vector<int> lost_ranks() const {
+    const std::lock_guard lock(s_->stop_mu);
+    auto out = s_->lost;
+    std::sort(out.begin(), out.end());
+    return out;
+  }
   /// @brief Gloo's context, for what kft does not wrap.
   const std::shared_ptr<::gloo::rendezvous::Context>& native() const noexcept { return s_->ctx; }
 

@@ -48,6 +48,7 @@ inline constexpr std::string_view abort_key = "kft/abort";
 struct findings {
   std::string text;     // "; the rank that recorded no failure within 2 s ...: rank 2 (host c)"
   std::string aborted;  // "rank 3 (host b) aborted the communicator: reason" when a rank aborted
+  std::vector<int> silent;  // the members that recorded nothing within the grace (none when one aborted)
 };
 
 /// @brief Records this rank's failure of `op` #`seq` (`what`) and reads the others' records
@@ -112,7 +113,10 @@ inline findings compare_notes(std::shared_ptr<rendezvous::store> store, int me, 
       for (int r = 0; r < n; ++r) {
         if (r == me) continue;
         const auto& note = notes[static_cast<std::size_t>(r)];
-        if (note.empty()) silent += (silent_n++ ? ", " : "") + name_of(r);
+        if (note.empty()) {
+          silent += (silent_n++ ? ", " : "") + name_of(r);
+          f.silent.push_back(r);
+        }
         else if (failed_n++ < 3) failed += std::string(failed.empty() ? "" : "; ") + name_of(r) + " failed too at " + note;
       }
       if (silent_n)
@@ -128,9 +132,10 @@ inline findings compare_notes(std::shared_ptr<rendezvous::store> store, int me, 
     done->set_value(std::move(f));
   }).detach();
   if (fut.wait_for(grace + 1s) == std::future_status::ready) return fut.get();
-  return {"; (the store did not answer within " + kft::detail::describe_duration(grace + 1s) +
-              " to compare notes with the other ranks)",
-          {}};
+  findings late;
+  late.text = "; (the store did not answer within " + kft::detail::describe_duration(grace + 1s) +
+              " to compare notes with the other ranks)";
+  return late;
 }
 
 /// @brief Gloo's message without the source location it starts with

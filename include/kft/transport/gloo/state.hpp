@@ -51,10 +51,15 @@ class mesh_context final : public ::gloo::rendezvous::Context {
 
   static std::string key(int from, int to) { return "mesh/" + std::to_string(from) + "/" + std::to_string(to); }
 
+  // What each member published (this rank's own slots are left empty).
+  struct peers {
+    std::vector<std::string> places;     // "<job rank> <host>"
+    std::vector<std::string> addresses;  // its pair's address as Gloo prints it ("[10.0.0.2]:4242")
+  };
+
   // Publishes this rank's place and pair addresses, reads every peer's, connects every pair.
-  // @return each member's place as it published it (this rank's own slot is left empty)
-  std::vector<std::string> connect(rendezvous::store& st, const std::string& place,
-                                   std::shared_ptr<::gloo::transport::Device> dev, std::chrono::milliseconds timeout) {
+  peers connect(rendezvous::store& st, const std::string& place, std::shared_ptr<::gloo::transport::Device> dev,
+                std::chrono::milliseconds timeout) {
     auto tc = dev->createContext(rank, size);
     tc->setTimeout(timeout);
     std::vector<rendezvous::key_value> mine;
@@ -63,16 +68,21 @@ class mesh_context final : public ::gloo::rendezvous::Context {
     wanted.reserve(static_cast<std::size_t>(size - 1));
     for (int peer = 0; peer < size; ++peer) {
       if (peer == rank) continue;
-      const auto address = tc->createPair(peer)->address().bytes();
-      // "<place length> <place><address bytes>": the place is text, the address binary.
-      std::string value = std::to_string(place.size()) + " " + place;
+      const auto& pair = tc->createPair(peer);
+      const auto address = pair->address().bytes();
+      // "<text length> <place>\n<address as text><address bytes>": the text says who, and where
+      // Gloo's messages about this pair will say the peer is; the bytes are what Gloo connects to.
+      const std::string text = place + "\n" + pair->address().str();
+      std::string value = std::to_string(text.size()) + " " + text;
       value.append(address.data(), address.size());
       mine.push_back({key(rank, peer), std::move(value)});
       wanted.push_back(key(peer, rank));
     }
     st.multi_set(mine);
     const auto got = st.multi_get(wanted, timeout);
-    std::vector<std::string> places(static_cast<std::size_t>(size));
+    peers out;
+    out.places.resize(static_cast<std::size_t>(size));
+    out.addresses.resize(static_cast<std::size_t>(size));
     for (int peer = 0, i = 0; peer < size; ++peer) {
       if (peer == rank) continue;
       const std::string& v = got[static_cast<std::size_t>(i++)];
@@ -86,13 +96,16 @@ class mesh_context final : public ::gloo::rendezvous::Context {
         throw transport_error("rank " + std::to_string(peer) + " of the group published a malformed address under " +
                                   key(peer, rank) + " (" + std::to_string(v.size()) + " bytes)",
                               error_site::of("gloo connect"));
-      places[static_cast<std::size_t>(peer)] = v.substr(sp + 1, len);
+      const std::string text = v.substr(sp + 1, len);
+      const auto nl = text.rfind('\n');
+      out.places[static_cast<std::size_t>(peer)] = text.substr(0, nl);
+      if (nl != std::string::npos) out.addresses[static_cast<std::size_t>(peer)] = text.substr(nl + 1);
       const std::vector<char> address(v.begin() + static_cast<std::ptrdiff_t>(sp + 1 + len), v.end());
       tc->getPair(peer)->connect(address);
     }
     device_ = std::move(dev);
     transportContext_ = std::move(tc);
-    return places;
+    return out;
   }
 };
 
@@ -105,6 +118,8 @@ struct state {
   std::uint64_t issued = 0;
   std::vector<int> world_of;       // job rank of each member
   std::vector<std::string> host_of;  // host of each member
+  std::vector<std::string> address_of;  // where Gloo's messages say each member's pair is ("[ip]:port")
+  std::vector<int> lost;             // members this rank found gone (fail(); guarded by stop_mu)
   std::mutex stop_mu;                // the latch is set from abort() on any thread
   kft::detail::failure_latch stop;
   std::vector<unsigned char> scratch;  // reduce-scatter: two slices
@@ -140,10 +155,11 @@ struct state {
     if (size > 1) {
       const sigpipe_blocked quiet;
       try {
-        const auto places = mesh->connect(*store, place, device, cfg.timeout);
+        const auto met = mesh->connect(*store, place, device, cfg.timeout);
+        address_of = met.addresses;
         for (int m = 0; m < size; ++m) {
           if (m == rank) continue;
-          const auto& p = places[static_cast<std::size_t>(m)];
+          const auto& p = met.places[static_cast<std::size_t>(m)];
           const auto sp = p.find(' ');
           world_of[static_cast<std::size_t>(m)] = std::stoi(p.substr(0, sp));
           host_of[static_cast<std::size_t>(m)] = sp == std::string::npos ? std::string() : p.substr(sp + 1);
@@ -194,6 +210,31 @@ struct state {
     }
   }
 
+  // The peer whose side closed or reset this rank's connection is gone when it also recorded no
+  // failure: a living rank whose call failed records at once, a killed one never does. Gloo's
+  // message `what` names the peer's host ("Connection closed by peer [10.0.0.2]:41234"; the
+  // port is whichever end connected), so the peer is the one silent member with that address:
+  // none is counted when several silent members share it (one host, several ranks). A shrink
+  // counts it as lost (lost_ranks), so the survivors decide as soon as the others have come, not
+  // after the agreement's window.
+  void note_lost(const std::string& what, const std::vector<int>& silent) {
+    auto host_part = [](const std::string& a) {  // "[10.0.0.2]:4242" -> "[10.0.0.2]"
+      const auto close = a.find(']');
+      return a.starts_with("[") && close != std::string::npos ? a.substr(0, close + 1) : std::string();
+    };
+    int found = -1, matches = 0;
+    for (int m : silent) {
+      if (m < 0 || m >= static_cast<int>(address_of.size())) continue;
+      const auto h = host_part(address_of[static_cast<std::size_t>(m)]);
+      if (h.empty() || what.find(h + ":") == std::string::npos) continue;
+      found = m;
+      ++matches;
+    }
+    if (matches != 1) return;
+    const std::lock_guard lock(stop_mu);
+    if (std::find(lost.begin(), lost.end(), found) == lost.end()) lost.push_back(found);
+  }
+
   // A Gloo call failed: record it, cut the connections (the peers fail now, not at their own
   // deadlines), learn what the others saw, and throw kft's error.
   [[noreturn]] void fail(collective c, std::uint64_t seq, std::size_t count, dtype t, std::chrono::milliseconds timeout,
@@ -224,6 +265,7 @@ struct state {
         what.find("Broken pipe") != std::string::npos)
       grace = std::min(grace, std::chrono::milliseconds(500));
     const auto notes = compare_notes(store, rank, size, op, seq, what, grace, world_of, host_of);
+    if (grace < cfg.report_grace) note_lost(what, notes.silent);
     const std::string shape = " (" + std::to_string(count) + " x " + std::string(kft::name(t)) + ")";
     if (!notes.aborted.empty())
       throw remote_error(op + shape + " stopped: " + notes.aborted, site(op, seq));
