@@ -331,8 +331,8 @@ def bad_input():
         (["--on-failure", "retry", "--", "true"], {}, "--on-failure"),
         (["--nnodes", "1:2", "--on-failure", "continue", "--", "true"], {"KFT_RDZV_TOKEN": "t"},
          '--on-failure="continue" keeps the survivors of a fixed-size job (--nnodes=1:2 is elastic'),
-        (["--nnodes", "2", "--on-failure", "heal", "--max-restarts", "1", "--", "true"], {"KFT_RDZV_TOKEN": "t"},
-         '--on-failure="heal" starts replacements on one node for now'),
+        (["--nnodes", "1:2", "--on-failure", "heal", "--max-restarts", "1", "--", "true"], {"KFT_RDZV_TOKEN": "t"},
+         '--on-failure="heal" keeps the survivors of a fixed-size job (--nnodes=1:2 is elastic'),
         (["--on-failure", "heal", "--", "true"], {}, '--max-restarts="0" is how many replacements --on-failure heal'),
     ]:
         p, _ = run(args, **extra)

@@ -14,6 +14,9 @@
 #             (tests/integration/trainer_shrink_worker.cpp), rank 2 killed in step 5: the
 #             survivors finish on the bits of an uninterrupted run across the same hosts
 #
+#   heal      the trainer case under two kftrun agents with --on-failure heal: node 1's agent
+#             starts a replacement for rank 2, which joins the running group across the hosts at a
+#             step boundary; all 4 ranks end on the uninterrupted run's bits
 #   kftrun    the rank3 case under two kftrun agents with --on-failure continue: both exit 0
 #   agent     node 1's kftrun agent killed (its workers die with it): node 0's agent goes on
 #             without it, its two ranks shrink to a group of 2 and the job exits 0
@@ -25,7 +28,7 @@ set -euo pipefail
 trap 'echo "$(basename "$0"): line $LINENO: a command failed (exit $?)" >&2' ERR
 worker=$1 trainer=$2 kftrun=$3; shift 3
 scenarios=("$@")
-((${#scenarios[@]})) || scenarios=(rank3 host1 cut trainer kftrun agent)
+((${#scenarios[@]})) || scenarios=(rank3 host1 cut trainer heal kftrun agent)
 here=$(cd "$(dirname "$0")" && pwd)
 cluster="$here/netns-cluster.sh"
 name="kfts$$"
@@ -36,6 +39,7 @@ cleanup() {
   pkill -9 -f "$worker $tmp" 2>/dev/null || true
   pkill -9 -f "$trainer $tmp" 2>/dev/null || true
   pkill -9 -f "kftrun.*$worker $tmp" 2>/dev/null || true
+  pkill -9 -f "kftrun.*$trainer $tmp" 2>/dev/null || true
   "$cluster" down "$name"
   rm -rf "$tmp"
 }
@@ -76,6 +80,19 @@ finish() {  # waits for every rank; their exit statuses in rcs
   pids=()
 }
 trainer_hashes() { grep -ho "trainer_shrink: rank [0-9]* of [0-9]* hash [0-9]* steps [0-9]*" "$tmp"/rank*.out | sort || true; }
+ref_hash=""  # the uninterrupted 2 x 2 trainer run's hash
+reference() {
+  [[ -z "$ref_hash" ]] || return 0
+  rm -f "$tmp"/rank*.out "$tmp"/seen.*
+  pids=()
+  start 2 2 "$trainer" "$tmp" -1 0 deterministic
+  finish
+  local ref
+  ref=$(trainer_hashes)
+  [[ "${rcs[*]}" == "0 0 0 0" && $(wc -l <<<"$ref") == 4 ]] || fail "the uninterrupted run (exits ${rcs[*]}): $ref"
+  ref_hash=$(awk '{print $7}' <<<"$ref" | sort -u)
+  [[ $(wc -l <<<"$ref_hash") == 1 ]] || fail "the uninterrupted run's ranks differ: $ref"
+}
 for scenario in "${scenarios[@]}"; do
   if [[ "$scenario" == kftrun || "$scenario" == agent ]]; then
     rm -f "$tmp"/pid.* "$tmp"/agent*.out "$tmp"/death
@@ -116,15 +133,38 @@ for scenario in "${scenarios[@]}"; do
     echo "   ok: the job went on under kftrun --on-failure continue"
     continue
   fi
-  if [[ "$scenario" == trainer ]]; then
-    rm -f "$tmp"/rank*.out "$tmp"/seen.*
+  if [[ "$scenario" == heal ]]; then
+    reference
+    rm -f "$tmp"/rank*.out "$tmp"/seen.* "$tmp"/agent*.out
     pids=()
-    start 2 2 "$trainer" "$tmp" -1 0 deterministic
+    port=$((port + 1))
+    for i in 0 1; do
+      "$cluster" exec "$name" "$i" env KFT_RDZV_TOKEN="gloo-shrink-$$" KFT_INTER_NODE=gloo KFT_TIMEOUT=20s "$kftrun" \
+        --nnodes 2 --node-rank "$i" --master-addr "$master" --master-port "$port" --nproc-per-node 2 \
+        --on-failure heal --max-restarts 1 --exit-grace 0 --run-id "kheal$port" -- \
+        "$trainer" "$tmp" 2 5 deterministic > "$tmp/agent$i.out" 2>&1 &
+      pids+=($!)
+    done
     finish
-    ref=$(trainer_hashes)
-    [[ "${rcs[*]}" == "0 0 0 0" && $(wc -l <<<"$ref") == 4 ]] || fail "the uninterrupted run (exits ${rcs[*]}): $ref"
-    want=$(awk '{print $7}' <<<"$ref" | sort -u)
-    [[ $(wc -l <<<"$want") == 1 ]] || fail "the uninterrupted run's ranks differ: $ref"
+    cat "$tmp"/agent*.out > "$tmp/rank.all.out"
+    got=$(trainer_hashes)
+    echo "== heal: agent exits ${rcs[*]}"
+    grep -hE "lost rank|joined|replacement" "$tmp"/agent*.out | cut -c1-300 || true
+    echo "$got"
+    [[ "${rcs[*]}" == "0 0" ]] || fail "the agents exited ${rcs[*]}, not 0 0"
+    grep -q "a replacement joins them at a step boundary (--on-failure heal" "$tmp/agent1.out" ||
+      fail "node 1's agent does not say it started a replacement for rank 2"
+    grep -q "step [0-9]*: rank(s) 2 joined; going on with 4 rank(s)" "$tmp/rank.all.out" ||
+      fail "the trainer does not say rank 2 joined"
+    [[ $(wc -l <<<"$got") == 4 && $(awk '$5 == 4 && $9 == 20' <<<"$got" | wc -l) == 4 ]] ||
+      fail "all 4 ranks, the replacement included, should end as a group of 4 after 20 steps: $got"
+    [[ $(awk '{print $7}' <<<"$got" | sort -u) == "$ref_hash" ]] ||
+      fail "the healed run did not end on the uninterrupted run's bits ($ref_hash): $got"
+    echo "   ok: rank 2's replacement joined across the hosts; all 4 ranks ended on the uninterrupted run's bits"
+    continue
+  fi
+  if [[ "$scenario" == trainer ]]; then
+    reference
     rm -f "$tmp"/rank*.out "$tmp"/seen.*
     start 2 2 "$trainer" "$tmp" 2 5 deterministic
     finish
@@ -135,8 +175,8 @@ for scenario in "${scenarios[@]}"; do
     for r in 0 1 3; do [[ "${rcs[$r]}" == 0 ]] || fail "survivor rank $r exited ${rcs[$r]}"; done
     [[ $(wc -l <<<"$got") == 3 && $(awk '$5 == 3 && $9 == 20' <<<"$got" | wc -l) == 3 ]] ||
       fail "ranks 0, 1 and 3 should end as a group of 3 after 20 steps: $got"
-    [[ $(awk '{print $7}' <<<"$got" | sort -u) == "$want" ]] ||
-      fail "the survivors did not end on the uninterrupted run's bits ($want): $got"
+    [[ $(awk '{print $7}' <<<"$got" | sort -u) == "$ref_hash" ]] ||
+      fail "the survivors did not end on the uninterrupted run's bits ($ref_hash): $got"
     grep -q "step 5: lost rank(s) 2 of 4" "$tmp"/rank*.out || fail "no rank says rank 2 was lost in step 5"
     echo "   ok: ranks 0, 1, 3 went on across the hosts and ended on the uninterrupted run's bits"
     continue

@@ -604,7 +604,8 @@ class agent {
         // (Across nodes a node may lose every worker while the job goes on on the others.)
         if (opt_.keep_going && why.empty() && (group.any_succeeded_or_running() || nodes > 1)) {
           lost_.push_back(e);
-          if (opt_.heal && replaced_ < opt_.max_restarts && group.any_running()) {
+          // (Across nodes a node's last worker may be replaced: the others run elsewhere.)
+          if (opt_.heal && replaced_ < opt_.max_restarts && (group.any_running() || nodes > 1)) {
             ++replaced_;
             auto env = worker_env(attempt, e.rank, e.local_rank, world, m);
             env.push_back("KFT_JOIN=" + std::to_string(replaced_));

@@ -210,10 +210,6 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
       throw kft::config_error("--on-failure", on_failure,
                               "keeps the survivors of a fixed-size job (--nnodes=" + nnodes +
                                   " is elastic: a lost worker re-forms the round)");
-    if (o.heal && o.nnodes != 1)
-      throw kft::config_error("--on-failure", on_failure,
-                              "starts replacements on one node for now (--nnodes=" + nnodes +
-                                  "): across nodes use continue (the survivors shrink and go on)");
     if (!log_dir.empty()) o.log_dir = log_dir;
     o.cpusets = plan_bindings(bind, o.nproc_per_node);
     if (const char* t = std::getenv("KFT_RDZV_TOKEN"); t != nullptr && *t != '\0') {

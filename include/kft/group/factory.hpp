@@ -85,13 +85,18 @@ inline process_group make_process_group(const world_info& w, std::shared_ptr<ren
   const bool one_node =
       !host_ids && (w.world_size == 1 || w.node_count == 1 || (w.local_size && *w.local_size == w.world_size));
   if (o.timeout.count() > 0) o.shm.timeout = o.timeout;
-  if (env.get("KFT_JOIN").value_or("").size() && env.get("KFT_JOIN") != "0") {
+  const bool joining = env.get("KFT_JOIN").value_or("").size() && env.get("KFT_JOIN") != "0";
+  if (joining && !one_node && use_mpi)
+    throw config_error("KFT_JOIN", *env.get("KFT_JOIN"),
+                       "asks to join a running group, which an MPI group cannot admit (MPI without ULFM); a node's "
+                       "shared-memory group and the Gloo group across nodes can",
+                       error_site::in({}, w.rank, w.world_size, "process group"));
+  if (joining && one_node) {
     // A restarted worker (kftrun --on-failure heal): it joins the running node group at a step
-    // boundary instead of building generation 0 with everyone.
-    if (!one_node || !w.local_rank || !w.local_size)
+    // boundary instead of building generation 0 with everyone. (Across nodes: below.)
+    if (!w.local_rank || !w.local_size)
       throw config_error("KFT_JOIN", *env.get("KFT_JOIN"),
-                         "asks to join a running group, which only a node's shared-memory group admits so far (this "
-                         "job spans " + std::to_string(w.node_count.value_or(0)) + " nodes)",
+                         "asks to join a running node group, but the launcher gave no LOCAL_RANK and LOCAL_WORLD_SIZE",
                          error_site::in({}, w.rank, w.world_size, "process group"));
     auto cfg = node_config(w, std::move(o.shm), env);
     const auto wait = cfg.timeout;
@@ -131,25 +136,31 @@ inline process_group make_process_group(const world_info& w, std::shared_ptr<ren
   if (o.timeout.count() > 0) cfg.gloo.timeout = o.timeout;
   cfg.nic = gloo_interface(w, env);
   const std::string nic = cfg.nic->describe();
+  // Going on without a lost rank (process_group::shrink) and growing back (grow, join_rebuilt):
+  // the members build the group again over each membership, each generation under a store
+  // scope of its own.
+  const std::string run = env.get("KFT_RUN_ID").value_or(env.get("TORCHELASTIC_RUN_ID").value_or("job"));
+  process_group::rebuilder again = [store, w, env, cfg, run, nic](int rank, int size, std::uint64_t generation) {
+    world_info next = w;
+    next.rank = rank;
+    next.world_size = size;
+    gloo_group_config c = cfg;
+    c.scope = "gloo-group/" + run + "/g" + std::to_string(generation) + "/";
+    c.shm.name = "kft-" + run + "-g" + std::to_string(generation);
+    auto g = gloo_group(store, next, env, c);
+    const std::string text = "shared memory per node + Gloo between nodes (TCP on " + nic + "): " + g->layout().describe();
+    return process_group(std::move(g), text);
+  };
+  if (joining) {
+    // A restarted worker (kftrun --on-failure heal) joins the running group across nodes as its
+    // job rank, at a step boundary, and builds the generation it was admitted to with the others.
+    const auto wait = cfg.gloo.timeout;
+    return process_group::join_rebuilt(std::move(store), "gloo/" + run, w.rank, w.world_size, wait, std::move(again));
+  }
   auto g = gloo_group(store, w, env, cfg);
   const std::string what = "shared memory per node + Gloo between nodes (TCP on " + nic + "): " + g->layout().describe();
   process_group pg(std::move(g), what);
-  // Going on without a lost rank (process_group::shrink): the survivors build the group again
-  // over their membership, each generation under a store scope of its own.
-  const std::string run = env.get("KFT_RUN_ID").value_or(env.get("TORCHELASTIC_RUN_ID").value_or("job"));
-  pg.rebuild_with(
-      [store, w, env, cfg, run](int rank, int size, std::uint64_t generation) {
-        world_info next = w;
-        next.rank = rank;
-        next.world_size = size;
-        gloo_group_config c = cfg;
-        c.scope = "gloo-group/" + run + "/g" + std::to_string(generation) + "/";
-        c.shm.name = "kft-" + run + "-g" + std::to_string(generation);
-        auto again = gloo_group(store, next, env, c);
-        const std::string text = "shared memory per node + Gloo between nodes: " + again->layout().describe();
-        return process_group(std::move(again), text);
-      },
-      "gloo/" + run);
+  pg.rebuild_with(std::move(again), "gloo/" + run);
   return pg;
 #else
   throw config_error("", "",

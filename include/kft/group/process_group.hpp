@@ -132,21 +132,25 @@ class process_group : public typed_collectives<process_group> {
   /// (restarted workers, spares: `join`). Rank 0 asks `store` (one call) and broadcasts the
   /// answer, so every rank gets the same number. 0 for a group that cannot grow.
   std::int64_t waiting_to_join(const std::shared_ptr<rendezvous::store>& store) {
-    if (!impl_->shrinks_in_place()) return 0;  // (a group across nodes does not grow yet: no call at all)
+    if (!grows()) return 0;  // (an MPI group: no call at all)
     std::int64_t n = 0;
-    if (rank() == 0 && store) n = std::max<std::int64_t>(impl_->join_tickets(*store) - admitted_, 0);
+    if (rank() == 0 && store) n = std::max<std::int64_t>(tickets(*store) - admitted_, 0);
     broadcast(&n, &n, 1, dtype::i64, 0);
     return n;
   }
 
   /// @brief Collective, at a step boundary, after `waiting_to_join` said some wait: admits
-  /// them and becomes the larger group in place (generation + 1); the joiners' `join` returns at
-  /// the same time. The new ranks hold nothing yet: the caller sends them its state.
+  /// them and becomes the larger group in place (generation + 1); the joiners' `join` (or
+  /// `join_rebuilt`, across nodes) returns at the same time. A node's group grows in place; the
+  /// Gloo group `make_process_group` builds across nodes is built again over the members and
+  /// the joiners. The new ranks hold nothing yet: the caller sends them its state.
   membership grow(std::shared_ptr<rendezvous::store> store, const shrink_options& o = {}) {
-    std::int64_t tickets = rank() == 0 ? impl_->join_tickets(*store) : 0;
-    broadcast(&tickets, &tickets, 1, dtype::i64, 0);
-    auto m = impl_->grow(std::move(store), admitted_, tickets, o, what_);
-    admitted_ = tickets;
+    if (!store) throw usage_error("grow: no store", error_site::of("join"));
+    std::int64_t t = rank() == 0 ? tickets(*store) : 0;
+    broadcast(&t, &t, 1, dtype::i64, 0);
+    if (rebuild_ && !impl_->shrinks_in_place()) return grow_by_rebuilding(std::move(store), t, o);
+    auto m = impl_->grow(std::move(store), admitted_, t, o, what_);
+    admitted_ = t;
     changed(m, "grown");
     return m;
   }
@@ -154,7 +158,34 @@ class process_group : public typed_collectives<process_group> {
   /// @brief Rank 0 tells ranks still waiting to join that this group finished (they get
   /// `join_closed_error`). Call it when the work is done.
   void close_joins(const std::shared_ptr<rendezvous::store>& store) {
-    if (rank() == 0 && store) impl_->close_joins(*store);
+    if (rank() != 0 || !store) return;
+    if (rebuild_ && !impl_->shrinks_in_place()) group::close_joins(*store, scope_);
+    else impl_->close_joins(*store);
+  }
+
+  /// @brief A rank joining a running group across nodes (one `make_process_group` made and
+  /// `rebuild_with` can build again) as founding rank `id` of `founding`: asks through `store`
+  /// under the group's `scope` (the same `rebuild_with` names), waits up to `wait` to be
+  /// admitted at a step boundary, meets the members as the generation it was admitted to, and
+  /// builds that generation with `rebuild` as they do. `newcomer()` is true.
+  /// @throws join_closed_error when the group finished first
+  static process_group join_rebuilt(std::shared_ptr<rendezvous::store> store, std::string scope, int id, int founding,
+                                    std::chrono::milliseconds wait, rebuilder rebuild, const shrink_options& o = {}) {
+    if (!store) throw usage_error("join: no store", error_site::of("join"));
+    if (!rebuild) throw usage_error("join: no way to build the group (rebuilder)", error_site::of("join"));
+    const admission a = request_to_join(*store, scope, id, founding, wait);
+    membership m = agree_on_members(*store, scope, a.generation, id, founding, a.expected, o);
+    process_group g = rebuild(m.rank, m.size(), a.generation);
+    g.what_ += " (joined as rank " + std::to_string(id) + ": members " + m.describe() + ", generation " +
+               std::to_string(m.generation) + ")";
+    g.rebuild_ = std::move(rebuild);
+    g.scope_ = std::move(scope);
+    g.members_ = m.members;
+    g.generation_ = a.generation;
+    g.founding_ = founding;
+    g.admitted_ = a.tickets;
+    g.newcomer_ = true;
+    return g;
   }
 
   /// @brief True when this process joined a running group (`join`): it holds no state of
@@ -240,6 +271,42 @@ class process_group : public typed_collectives<process_group> {
     members_ = m.members;
     generation_ = generation;
     changed(m, "shrunk");
+    return m;
+  }
+
+  // Whether ranks may join this group: a node's shared-memory group, or one built again over
+  // each membership (across nodes).
+  bool grows() const noexcept { return impl_->shrinks_in_place() || static_cast<bool>(rebuild_); }
+  // How many join tickets were taken so far (one store call; rank 0 asks).
+  std::int64_t tickets(rendezvous::store& store) {
+    if (rebuild_ && !impl_->shrinks_in_place()) return group::join_tickets(store, scope_);
+    return impl_->join_tickets(store);
+  }
+
+  // A group across nodes admits the tickets up to `tickets` (rank 0 writes the admissions),
+  // every member and joiner agrees on generation + 1, and each builds it again.
+  membership grow_by_rebuilding(std::shared_ptr<rendezvous::store> store, std::int64_t tickets, const shrink_options& o) {
+    if (tickets <= admitted_)
+      throw usage_error("grow: no ranks to admit (tickets " + std::to_string(admitted_) + ".." + std::to_string(tickets) +
+                            ")",
+                        error_site::of("join"));
+    const int n = size(), me = rank();
+    if (!founding_) founding_ = n;
+    std::vector<int> ids = members_;
+    if (ids.empty())
+      for (int r = 0; r < n; ++r) ids.push_back(r);
+    const std::uint64_t generation = generation_ + 1;
+    const std::int64_t expected = n + (tickets - admitted_);
+    if (me == 0) admit_joiners(*store, scope_, admitted_, tickets, generation, expected);
+    membership m = agree_on_members(*store, scope_, generation, ids[static_cast<std::size_t>(me)], founding_, expected, o);
+    m.old_size = n;
+    m.before = ids;
+    process_group next = rebuild_(m.rank, m.size(), generation);
+    impl_ = std::move(next.impl_);  // (the previous generation's connections close here)
+    members_ = m.members;
+    generation_ = generation;
+    admitted_ = tickets;
+    changed(m, "grown");
     return m;
   }
 
