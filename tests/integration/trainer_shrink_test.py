@@ -18,7 +18,10 @@ three (8 each: divisible, so no share is padded), and finish 2 epochs (20 steps)
     20 steps, every sample is still seen once per epoch (the replacement's steps counted),
     and deterministic mode ends on the uninterrupted run's bits (lost and regained);
   - a replacement that arrives after the last step (a slow restart) finds the job finished and
-    leaves, exit 0.
+    leaves, exit 0;
+  - deterministic mode, a rank lost around a checkpoint (before its replica check, or rank 0
+    while writing it) or as the run ends: the survivors go on (or redo the summary) and end on
+    the uninterrupted run's bits, and no temporary checkpoint file is left.
 """
 import collections
 import os
@@ -32,14 +35,19 @@ from procs import expect  # (this folder is on the path when run as a script)
 KFTRUN, WORKER = sys.argv[1:3]
 
 
-def run(victim, kill_step, *extra, policy="continue", join_delay_ms=None, kill_in_eval=None):
+def run(victim, kill_step, *extra, policy="continue", join_delay_ms=None, kill_in_eval=None, kill_in=None):
     out = tempfile.mkdtemp(prefix="kft-trainer-shrink-")
     p = subprocess.run([KFTRUN, "--nproc-per-node", "4", "--on-failure", policy,
                         *(["--max-restarts", "1"] if policy == "heal" else []), "--exit-grace", "0", "--", WORKER, out, str(victim), str(kill_step), *extra],
                        capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, **({"TRAINER_SHRINK_JOIN_DELAY_MS": str(join_delay_ms)} if join_delay_ms else {}),
-                                **({"TRAINER_SHRINK_KILL_IN_EVAL": str(kill_in_eval)} if kill_in_eval else {})))
+                                **({"TRAINER_SHRINK_KILL_IN_EVAL": str(kill_in_eval)} if kill_in_eval else {}),
+                                **({"TRAINER_SHRINK_KILL_IN": kill_in} if kill_in else {})))
     seen = collections.defaultdict(list)  # (epoch, sample) -> [(rank, step)]
+    if os.path.isdir(os.path.join(out, "ckpt")):
+        for name in os.listdir(os.path.join(out, "ckpt")):
+            os.unlink(os.path.join(out, "ckpt", name))
+        os.rmdir(os.path.join(out, "ckpt"))
     for name in os.listdir(out):
         rank = int(name.split(".")[1]) + 100 * int(name.split(".")[2])  # (a replacement: 100 + its rank)
         with open(os.path.join(out, name)) as f:
@@ -50,12 +58,13 @@ def run(victim, kill_step, *extra, policy="continue", join_delay_ms=None, kill_i
     os.rmdir(out)
     hashes, evals = {}, {}
     for line in p.stdout.splitlines():
-        if "trainer_shrink: rank" in line and "joined too late" not in line:
+        if "trainer_shrink: rank" in line and "joined too late" not in line and " checkpoints " not in line:
             parts = line.split("trainer_shrink: ")[1].split()
             hashes[int(parts[1])] = (parts[5], int(parts[7]), int(parts[3]))
             if len(parts) > 11:
                 evals[int(parts[1])] = (int(parts[9]), parts[11])
     p.evals = evals
+    p.checkpoints = {int(r): files for r, files in re.findall(r"trainer_shrink: rank (\d+) checkpoints (\S*)", p.stdout)}
     return p, seen, hashes
 
 
@@ -98,6 +107,30 @@ def main():
                    "two losses: every sample exactly once in each of the 2 epochs", len(seen2))
             expect({h for h, _, _ in two.values()} == {h for h, _, _ in ref.values()},
                    "two losses: the uninterrupted run's bits again", two, ref)
+            # A rank lost around a checkpoint (every 3 steps, the newest 2 kept) or at the end:
+            #   checkpoint  rank 2 dies before step 6's checkpoint: the others fail in its replica
+            #               check and redo the checkpoint;
+            #   write       rank 0 dies writing step 6's checkpoint: the others had finished it and
+            #               fail in step 7; the new rank 0 says the file was not written, and its
+            #               next write removes the temporary file the dead writer left;
+            #   end         rank 2 dies as the last epoch ends: the others redo the run's summary.
+            for where, victim, said in [("checkpoint", 2, "redoing the checkpoint"),
+                                        ("write", 0, "the checkpoint of step 6 was not written: the rank writing it was lost"),
+                                        ("end", 2, "redoing the run's summary")]:
+                c, seen5, ck = run(victim, 6, *mode, kill_in=where)
+                rest = sorted({0, 1, 2, 3} - {victim})
+                expect(c.returncode == 0 and sorted(ck) == rest, f"loss in the {where}: ranks {rest} finish",
+                       c.returncode, ck, c.stderr[-3000:])
+                expect(f"lost rank(s) {victim} of 4" in c.stderr and said in c.stderr,
+                       f"loss in the {where}: the trainer says '{said}'", c.stderr[-3000:])
+                expect({h for h, _, _ in ck.values()} == {h for h, _, _ in ref.values()} and
+                       all(st == 20 for _, st, _ in ck.values()),
+                       f"loss in the {where}: 20 steps, the uninterrupted run's bits", ck, ref)
+                expect(all(len(x) == 1 for x in seen5.values()) and len(seen5) == 480,
+                       f"loss in the {where}: every sample exactly once in each of the 2 epochs", len(seen5))
+                expect(set(c.checkpoints.values()) == {"15,18"},
+                       f"loss in the {where}: the checkpoints of steps 15 and 18 and no temporary file are left",
+                       c.checkpoints)
         # Healing: kftrun starts a replacement for rank 2; it joins at a boundary, by step 7's.
         h, seen3, healed = run(2, 5, *mode, policy="heal")
         expect(h.returncode == 0, f"{label} heal: kftrun exits 0", h.returncode, h.stderr[-4000:])

@@ -17,12 +17,24 @@
 // that long first, a slow restart) prints "trainer_shrink: rank R joined too
 // late" and exits 0. TRAINER_SHRINK_KILL_IN_EVAL=n: evaluations of 60 test samples every 3
 // steps and at each epoch's end, and the victim dies in its n-th evaluation instead.
+// TRAINER_SHRINK_KILL_IN (checkpoints every 3 steps into OUT_DIR/ckpt, keeping 2) names where
+// the victim (a rank of the group of 4) dies instead of in step KILL_STEP's backward pass:
+//   checkpoint  after step KILL_STEP, before that step's checkpoint (the others fail in its
+//               collectives: the replica check)
+//   write       while it writes step KILL_STEP's checkpoint (the victim must be rank 0, the
+//               writer; the others finished the checkpoint and fail in the next step)
+//   end         when the last epoch ends: the others fail in the run's summary
+// and the worker prints "trainer_shrink: rank R checkpoints S" (the steps of the files left,
+// the last line before the hash line; "tmp" for each temporary file left).
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -163,9 +175,60 @@ int main(int argc, char** argv) {
       m.eval_kill = std::atoi(e);
       o.eval_every = 3;
     }
+    // TRAINER_SHRINK_KILL_IN: the victim dies around a checkpoint or at the end instead.
+    const std::string kill_in = std::getenv("TRAINER_SHRINK_KILL_IN") ? std::getenv("TRAINER_SHRINK_KILL_IN") : "";
+    const std::uint64_t phase_kill = kill_in.empty() ? 0 : m.kill_step;
+    const bool victim_now = m.victim >= 0 && !kill_in.empty();
+    struct ender : ddp::observer {
+      std::function<void()> at_last_epoch;
+      std::uint64_t epochs = 0;
+      void on_epoch(const ddp::epoch_point& ep) override {
+        if (ep.epoch == epochs && at_last_epoch) at_last_epoch();
+      }
+    } end_killer;
+    auto is_victim = [&] { return victim_now && pg.rank() == m.victim && pg.size() == 4; };
+    if (!kill_in.empty()) {
+      m.kill_step = 0;  // (not in the backward pass)
+      o.checkpoint_dir = std::string(argv[1]) + "/ckpt";
+      o.checkpoint_every = 3;
+      o.keep_checkpoints = 2;
+      if (kill_in == "checkpoint") {
+        auto inner = o.on_step;
+        o.on_step = [&, inner](std::uint64_t step) {
+          inner(step);
+          if (step == phase_kill && is_victim()) ::raise(SIGKILL);
+        };
+      } else if (kill_in == "write") {
+        o.checkpoint_progress = [&](std::size_t, std::size_t) {
+          if (finished == phase_kill && is_victim()) ::raise(SIGKILL);
+        };
+      } else if (kill_in == "end") {
+        end_killer.epochs = o.epochs;
+        end_killer.at_last_epoch = [&] {
+          if (is_victim()) ::raise(SIGKILL);
+        };
+        o.observers.push_back(&end_killer);
+      } else {
+        std::fprintf(stderr, "trainer_shrink_worker: TRAINER_SHRINK_KILL_IN=%s is not checkpoint, write or end\n",
+                     kill_in.c_str());
+        return 2;
+      }
+    }
     ddp::trainer<regression, ddp::sgd> t(pg, m, opt, o);
     tp = &t;
     const auto sum = t.fit(samples, m.eval_kill ? 60 : 0);
+    if (!kill_in.empty()) {
+      std::vector<std::string> left;
+      for (const auto& e : std::filesystem::directory_iterator(o.checkpoint_dir)) {
+        const std::string f = e.path().filename().string();
+        if (auto st = ddp::checkpoint_step(f)) left.push_back(std::to_string(*st));
+        else if (f.find(".tmp-") != std::string::npos) left.push_back("tmp");
+      }
+      std::sort(left.begin(), left.end());
+      std::string text;
+      for (const auto& l : left) text += (text.empty() ? "" : ",") + l;
+      std::printf("trainer_shrink: rank %d checkpoints %s\n", job_rank, text.c_str());
+    }
     std::printf("trainer_shrink: rank %d of %d hash %llu steps %llu evals %zu loss %.17g\n", job_rank, pg.size(),
                 static_cast<unsigned long long>(sum.parameters_hash), static_cast<unsigned long long>(sum.steps),
                 sum.evals.size(), sum.evals.empty() ? 0.0 : sum.evals.back().loss);

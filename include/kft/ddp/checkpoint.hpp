@@ -206,6 +206,23 @@ inline std::vector<std::uint64_t> checkpoint_steps(const std::filesystem::path& 
   return steps;
 }
 
+/// @brief Removes the temporary files of checkpoint writes in `dir` other than this process's
+/// (`.ckpt-<step>.kft.tmp-<pid>`): a writer lost mid-write (SIGKILL, a lost host) leaves one.
+/// Call it from the job's one writer (rank 0), after its own write. @return how many went
+inline std::size_t remove_stale_temporaries(const std::filesystem::path& dir) {
+  const std::string mine = ".tmp-" + std::to_string(::getpid());
+  std::vector<std::filesystem::path> stale;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    const auto tmp = f.rfind(".tmp-");
+    if (f.rfind(".ckpt-", 0) != 0 || tmp == std::string::npos || !checkpoint_step(f.substr(1, tmp - 1))) continue;
+    if (f.substr(tmp) != mine) stale.push_back(e.path());
+  }
+  for (const auto& p : stale) std::filesystem::remove(p, ec);
+  return stale.size();
+}
+
 inline std::vector<unsigned char> read_file_bytes(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary | std::ios::ate);
   if (!in) throw usage_error("checkpoint: cannot open " + p.string(), error_site::of("checkpoint load"));

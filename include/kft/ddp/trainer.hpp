@@ -164,13 +164,18 @@ struct trainer_options {
   /// through this store), rebuilding the reducer over it and agreeing on where training stands:
   /// a step no survivor finished is redone, its global batch shared by the survivors (each
   /// sample is still seen once per epoch); a step some survivor finished is taken from it.
+  /// Evaluations, each epoch's statistics, checkpoints and the run's summary are survived the
+  /// same way (redone, or taken from a survivor that finished them; a checkpoint whose writer
+  /// was lost is said and skipped, never half-written).
   /// Without a store the error ends fit() (a restart from a checkpoint). Needs a
-  /// process_group that can shrink (a node's shared memory), the same group for gradients and
-  /// control, no ZeRO; deterministic mode also needs micro_shards to stay a multiple of the size.
+  /// process_group that can shrink (a node's shared memory, the Gloo group across nodes), the
+  /// same group for gradients and control, no ZeRO; deterministic mode also needs micro_shards
+  /// to stay a multiple of the size.
   ///
   /// Growing back (healing): while the group has lost ranks, rank 0 asks the store at every
   /// step boundary whether ranks wait to join (a worker kftrun restarted under
-  /// `--on-failure heal`, which builds its group with `process_group::join`); if so the group
+  /// `--on-failure heal`, which builds its group with `process_group::join` or, across nodes,
+  /// `join_rebuilt`); if so the group
   /// admits them and a survivor sends them its parameters, optimizer state, step, sampler
   /// position and RNG over the group (no checkpoint file). A trainer built on a joined group
   /// (`newcomer()`) receives that state in its constructor and trains on from that step. Costs
@@ -535,7 +540,7 @@ class trainer {
           eval_s += seconds(t0, clk::now());
           eval_total_ += seconds(t0, clk::now());
         }
-        if (o_.checkpoint_every && step_ % o_.checkpoint_every == 0) save_checkpoint();
+        if (o_.checkpoint_every && step_ % o_.checkpoint_every == 0) checkpoint_phase(false);
         if (o_.max_steps && step_ >= o_.max_steps) stop = true;
         if (o_.stop_at_target && sum.seconds_to_target) stop = sum.stopped_at_target = true;  // (the same on every rank)
       }
@@ -553,7 +558,7 @@ class trainer {
         if (o_.stop_at_target && sum.seconds_to_target) stop = sum.stopped_at_target = true;
       }
       const bool epoch_done = !data.next(o_.global_batch);
-      if (!o_.checkpoint_dir.empty() && !o_.checkpoint_every && epoch_done) save_checkpoint(epoch_done);
+      if (!o_.checkpoint_dir.empty() && !o_.checkpoint_every && epoch_done) checkpoint_phase(epoch_done);
       epoch_point ep;
       ep.epoch = e + 1;
       ep.loss = es.mean_loss();
@@ -571,9 +576,18 @@ class trainer {
     sum.wall_seconds = seconds(t_start, clk::now());
     sum.train_seconds = sum.wall_seconds - eval_total_;
     sum.exposed_comm_seconds = comm_s_;
-    // The slowest rank's optimizer time: the step waits for it (with ZeRO-1 the shards differ).
+    // The run's summary, a phase of its own (a rank lost here: the others redo it). The slowest
+    // rank's optimizer time: the step waits for it (with ZeRO-1 the shards differ). Then the
+    // replicas are compared a last time.
     double opt_s = opt_s_;
-    c_.allreduce(&opt_s, &opt_s, 1, dtype::f64, op_kind::max, options{});
+    survive_plain(
+        phase::summary,
+        [&] {
+          opt_s = opt_s_;
+          c_.allreduce(&opt_s, &opt_s, 1, dtype::f64, op_kind::max, options{});
+          verify_replicas("the end of training");
+        },
+        [] {});
     sum.optimizer_seconds = opt_s;
     if (!sum.evals.empty()) {
       sum.final_accuracy = sum.evals.back().accuracy;
@@ -583,7 +597,6 @@ class trainer {
     sum.samples_per_s = sum.train_seconds > 0 ? static_cast<double>(sum.samples) / sum.train_seconds : 0.0;
     if (o_.baseline_samples_per_s > 0)
       sum.weak_scaling_efficiency = sum.samples_per_s / (o_.baseline_samples_per_s * static_cast<double>(g_.size()));
-    verify_replicas("the end of training");
     sum.parameters_hash = parameters_hash();
     sum.optimizer_state_bytes = optimizer_state_bytes();
     sum.zero_stage = o_.zero_stage;
@@ -650,6 +663,13 @@ class trainer {
     if (zero_)
       for (std::size_t b = 0; b < opt_.state().buffers.size(); ++b) whole.push_back(zero_->whole_state(g_, b, sizes_, g_.rank() == 0));
     if (g_.rank() != 0) return;
+    write_checkpoint(epoch_done, whole);
+  }
+
+ private:
+  // Rank 0 writes the checkpoint of this step (no collective): `whole` is ZeRO-1's gathered
+  // optimizer state (empty without ZeRO).
+  void write_checkpoint(bool epoch_done, const std::vector<std::vector<std::vector<float>>>& whole) {
     checkpoint_writer w;
     sampler_state ss = has_feed() ? feed().state() : sampler_state{o_.seed, epoch_, 0};
     if (epoch_done) {  // the next run starts the next epoch
@@ -676,8 +696,11 @@ class trainer {
       std::error_code ec;
       std::filesystem::remove(o_.checkpoint_dir / checkpoint_name(steps[i]), ec);
     }
+    remove_stale_temporaries(o_.checkpoint_dir);  // (a writer lost mid-write; only rank 0 writes)
     tell([&](observer& x) { x.on_checkpoint(step_, checkpoint_name(step_), bytes.size()); });
   }
+
+ public:
 
   /// @brief Compares a hash of every parameter across the ranks. @throws desync_error
   void verify_replicas(const char* when) {
@@ -1080,10 +1103,17 @@ class trainer {
   // finished it (a step: parameters, optimizer state, step; an evaluation or the epoch's
   // statistics: the reduced statistics) and go on; the ones ahead, or everyone when all stand
   // together, redo the phase they were in.
-  enum class phase : std::int64_t { step = 1, evaluation = 2, epoch_statistics = 3 };
+  enum class phase : std::int64_t { step = 1, evaluation = 2, epoch_statistics = 3, checkpoint = 4, summary = 5 };
   enum class recovery { redo, caught_up };
   static const char* name_of(phase k) {
-    return k == phase::step ? "step" : k == phase::evaluation ? "evaluation" : "epoch's statistics";
+    switch (k) {
+      case phase::step: return "step";
+      case phase::evaluation: return "evaluation";
+      case phase::epoch_statistics: return "epoch's statistics";
+      case phase::checkpoint: return "checkpoint";
+      case phase::summary: break;
+    }
+    return "run's summary";
   }
 
   // What a lost rank looks like from the survivors: a peer's process gone or its group stopped
@@ -1112,6 +1142,41 @@ class trainer {
         }
       }
     }
+  }
+
+  // A phase with no outcome to share (a checkpoint, the run's summary), survived: redone by
+  // the survivors that were in it; those behind the ones that finished it count it done.
+  // `caught_up` runs on those (a checkpoint: the new rank 0 writes the file when it is one of
+  // them, as it stands exactly where the checkpoint was taken).
+  template <class F, class G>
+  void survive_plain(phase k, F&& run, G&& caught_up) {
+    while (true) {
+      try {
+        run();
+        last_phase_ = k;
+        ++phases_;
+        return;
+      } catch (const error& lost) {
+        if (!o_.shrink_store || !a_loss(lost)) throw;
+        if (go_on_without_lost_ranks(lost, k, step_) == recovery::caught_up) {
+          ++phases_;
+          caught_up();
+          return;
+        }
+      }
+    }
+  }
+
+  // A checkpoint as a phase of fit(): its collectives (the replica check) are redone after a
+  // shrink; a survivor behind one that finished it counts it done.
+  void checkpoint_phase(bool epoch_done) {
+    survive_plain(
+        phase::checkpoint, [&] { save_checkpoint(epoch_done); },
+        [&] {
+          std::error_code ec;
+          if (g_.rank() == 0 && !std::filesystem::exists(o_.checkpoint_dir / checkpoint_name(step_), ec))
+            write_checkpoint(epoch_done, {});
+        });
   }
 
   // A rank died during phase `k` (`e`): shrink, rebuild the reducer, and agree on where training
@@ -1149,6 +1214,8 @@ class trainer {
         if (static_cast<phase>(head[0]) == phase::step) {
           broadcast_state(root);
           step_ = static_cast<std::uint64_t>(head[1]);
+        } else if (static_cast<phase>(head[0]) == phase::checkpoint || static_cast<phase>(head[0]) == phase::summary) {
+          if (behind) last_phase_ = k;  // (no outcome to take: a checkpoint's file is rank 0's, below)
         } else {
           double v[2 + stats::max_metrics];
           v[0] = last_outcome_.loss_sum;
@@ -1181,6 +1248,17 @@ class trainer {
                      "divisible by the sizes the job may shrink to, or deterministic mode, sees each exactly once)\n",
                      static_cast<unsigned long long>(o_.global_batch), m.size());
       verify_replicas("a shrink");
+      // This rank finished a checkpoint phase and failed in the next one: rank 0 wrote the file
+      // after the phase's collectives, unless the rank writing it was lost (no file, or a
+      // temporary one the next checkpoint removes). Training goes on; the next one is written.
+      if (g_.rank() == 0 && last_phase_ == phase::checkpoint && k != phase::checkpoint && !o_.checkpoint_dir.empty()) {
+        std::error_code ec;
+        if (!std::filesystem::exists(o_.checkpoint_dir / checkpoint_name(step_), ec))
+          std::fprintf(stderr,
+                       "kft: step %llu: the checkpoint of step %llu was not written: the rank writing it was lost; "
+                       "the next one is written as planned\n",
+                       static_cast<unsigned long long>(step_ + 1), static_cast<unsigned long long>(step_));
+      }
       if (k == phase::step) return step_ > step_before ? recovery::caught_up : recovery::redo;
       return behind ? recovery::caught_up : recovery::redo;
     } else {
