@@ -38,6 +38,7 @@
 #include <kft/core/backoff.hpp>
 #include <kft/core/collective.hpp>
 #include <kft/core/error.hpp>
+#include <kft/core/flight_recorder.hpp>
 #include <kft/core/timeout.hpp>
 
 KFT_NAMESPACE_BEGIN
@@ -69,8 +70,10 @@ struct work_state {
     {
       std::lock_guard lock(mu_);
       if (done_.load(std::memory_order_relaxed)) return;
+      const bool ok = !e;
       error_ = std::move(e);
       done_ns_.store(now_ns(), std::memory_order_relaxed);
+      traced().finish(started_ns_.load(std::memory_order_relaxed), done_ns_.load(std::memory_order_relaxed), ok);
       done_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
@@ -79,7 +82,30 @@ struct work_state {
   std::int64_t started_ns() const noexcept { return started_ns_.load(std::memory_order_acquire); }
   std::int64_t done_ns() const noexcept { return done_ns_.load(std::memory_order_acquire); }
   /// @brief Marks the operation as running: its deadline counts from now.
-  void start() noexcept { started_ns_.store(now_ns(), std::memory_order_release); }
+  void start() noexcept {
+    started_ns_.store(now_ns(), std::memory_order_release);
+    const std::int64_t t = started_ns_.load(std::memory_order_relaxed);
+    const trace::slot_ref r = traced();  // (the flight recorder's entry, when one is attached)
+    if (r.e && r.e->id.load(std::memory_order_relaxed) == r.id) {
+      r.e->start_ns.store(t, std::memory_order_relaxed);
+      r.e->st.store(trace::state::running, std::memory_order_relaxed);
+    }
+  }
+  /// @brief The flight recorder's entry of this operation: written when it starts and when it
+  /// completes (at once, if it already has).
+  void attach_trace(const trace::slot_ref& r) noexcept {
+    std::lock_guard lock(mu_);
+    if (done_.load(std::memory_order_relaxed)) {
+      r.finish(started_ns_.load(std::memory_order_relaxed), done_ns_.load(std::memory_order_relaxed), !error_);
+      return;
+    }
+    if (const std::int64_t t = started_ns_.load(std::memory_order_relaxed); t && r.e) {
+      r.e->start_ns.store(t, std::memory_order_relaxed);
+      r.e->st.store(trace::state::running, std::memory_order_relaxed);
+    }
+    trace_id_.store(r.id, std::memory_order_relaxed);
+    trace_entry_.store(r.e, std::memory_order_release);
+  }
   /// @brief Makes a finished state fresh for another operation (an engine recycling states
   /// that no handle holds any more; keeps the name's capacity).
   void reset() noexcept {
@@ -94,6 +120,8 @@ struct work_state {
     started_ns_.store(0, std::memory_order_relaxed);
     done_ns_.store(0, std::memory_order_relaxed);
     done_.store(false, std::memory_order_relaxed);
+    trace_entry_.store(nullptr, std::memory_order_relaxed);
+    trace_id_.store(0, std::memory_order_relaxed);
   }
 
   bool done() const noexcept { return done_.load(std::memory_order_acquire); }
@@ -158,6 +186,7 @@ struct work_state {
     return clock::time_point(std::chrono::nanoseconds(started)) + timeout + std::chrono::seconds(1);
   }
   void expire() {
+    trace::dump("deadline");  // (the flight recorder, when KFT_TRACE_DIR is set)
     std::exception_ptr e;
     try {
       if (on_timeout) e = on_timeout();
@@ -180,6 +209,13 @@ struct work_state {
   std::atomic<std::int64_t> started_ns_{0};
   std::atomic<std::int64_t> done_ns_{0};
   std::exception_ptr error_;
+  // The flight recorder's entry (set once, under mu_, before the operation completes).
+  std::atomic<trace::entry*> trace_entry_{nullptr};
+  std::atomic<std::uint64_t> trace_id_{0};
+  trace::slot_ref traced() const noexcept {
+    trace::entry* e = trace_entry_.load(std::memory_order_acquire);
+    return {e, e ? trace_id_.load(std::memory_order_relaxed) : 0};
+  }
 };
 
 /// @brief A running asynchronous operation. Move-only; see the file comment for the rules.
@@ -235,6 +271,11 @@ class [[nodiscard]] work {
   collective op() const noexcept { return s_ ? s_->op : collective::none; }
   /// @brief The operation's shared state (its timestamps: `started_ns()`, `done_ns()`), or nullptr.
   const work_state* state() const noexcept { return s_.get(); }
+  /// @brief Has the flight recorder's entry `r` written when the operation starts and ends.
+  void record_into(const trace::slot_ref& r) noexcept {
+    if (s_) s_->attach_trace(r);
+    else r.finish(0, trace::now_ns(), true);
+  }
   /// @brief False for an empty (default-constructed, moved-from or detached) handle.
   bool valid() const noexcept { return s_ != nullptr; }
   /// @brief Lets go without waiting: for stream-ordered work (NCCL), where later work on the

@@ -25,7 +25,8 @@
 /// `KFT_SHM_REGION_ALIGN`, `KFT_PROGRESS_AFFINITY`, `KFT_RUN_ID`/`TORCHELASTIC_RUN_ID` (segment
 /// names), `KFT_ALGO`, `KFT_MPI_CHECK`, `KFT_INTER_NODE`, `KFT_SOCKET_IFNAME`, `KFT_HOST_ID`
 /// (through topology), and
-/// `KFT_TIMEOUT`: every transport's default deadline (`group_options::timeout` wins over it).
+/// `KFT_TIMEOUT`: every transport's default deadline (`group_options::timeout` wins over it),
+/// `KFT_TRACE_ENTRIES` and `KFT_TRACE_DIR` (the flight recorder).
 #pragma once
 
 #include <chrono>
@@ -34,6 +35,8 @@
 
 #include <kft/config.hpp>
 #include <kft/core/environment.hpp>
+#include <kft/core/flight_recorder.hpp>
+#include <kft/core/parse.hpp>
 #include <kft/discovery/world_info.hpp>
 #include <kft/group/cpu_group.hpp>
 #include <kft/group/node.hpp>
@@ -59,11 +62,37 @@ struct group_options {
   std::chrono::milliseconds timeout{0};
 };
 
-/// @brief Collective over the job: the process group of this rank (see the table above).
+/// @brief The flight recorder's settings (kft/core/flight_recorder.hpp): `KFT_TRACE_ENTRIES`
+/// (the ring's size, 2048; 0: none) and `KFT_TRACE_DIR` (where dumps go; unset: none).
+/// @throws config_error naming a malformed value
+inline trace::settings trace_settings(const environment& env = environment::process()) {
+  trace::settings s;
+  if (auto v = env.get("KFT_TRACE_ENTRIES"); v && !v->empty())
+    s.entries = static_cast<std::size_t>(kft::detail::parse_integer("KFT_TRACE_ENTRIES", *v, 0, 1 << 24, "the flight recorder's ring size"));
+  s.dir = env.get("KFT_TRACE_DIR").value_or("");
+  return s;
+}
+
+namespace detail {
+inline process_group make_untraced(const world_info& w, std::shared_ptr<rendezvous::store> store, group_options o,
+                                   const environment& env);
+}
+
+/// @brief Collective over the job: the process group of this rank (see the table above). It
+/// keeps a flight recorder of its calls (`trace_settings`).
 /// @throws config_error when the job spans nodes and no inter-node transport is available, or
 /// a setting is malformed
 inline process_group make_process_group(const world_info& w, std::shared_ptr<rendezvous::store> store,
                                         group_options o = {}, const environment& env = environment::process()) {
+  const auto traced = trace_settings(env);
+  trace::configure(traced, w.rank, w.world_size, env.get("KFT_HOST_ID").value_or(w.hostname));
+  auto pg = detail::make_untraced(w, std::move(store), std::move(o), env);
+  pg.record(traced);
+  return pg;
+}
+
+inline process_group detail::make_untraced(const world_info& w, std::shared_ptr<rendezvous::store> store,
+                                           group_options o, const environment& env) {
   bool mpi_running = false;
 #if KFT_WITH_MPI
   {

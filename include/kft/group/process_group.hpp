@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <kft/async/work.hpp>
+#include <kft/core/flight_recorder.hpp>
 #include <kft/group/shrink.hpp>
 #include <kft/transport/concepts.hpp>
 #include <kft/transport/typed_collectives.hpp>
@@ -64,36 +65,65 @@ class process_group : public typed_collectives<process_group> {
     return m ? m->c.get() : nullptr;
   }
 
+  // Each call is recorded in the group's flight recorder when it has one (`record`): blocking
+  // calls here, asynchronous ones when their work starts and completes.
   void allreduce(const void* in, void* out, std::size_t n, dtype t, op_kind op, const options& o = {}) {
-    impl_->allreduce(in, out, n, t, op, o);
+    if (!rec_) return impl_->allreduce(in, out, n, t, op, o);
+    traced(collective::allreduce, t, n, o, -1, [&] { impl_->allreduce(in, out, n, t, op, o); });
   }
   void broadcast(const void* in, void* out, std::size_t n, dtype t, int root, const options& o = {}) {
-    impl_->broadcast(in, out, n, t, root, o);
+    if (!rec_) return impl_->broadcast(in, out, n, t, root, o);
+    traced(collective::broadcast, t, n, o, root, [&] { impl_->broadcast(in, out, n, t, root, o); });
   }
   void reduce_scatter(const void* in, void* out, std::size_t n, dtype t, op_kind op, const options& o = {}) {
-    impl_->reduce_scatter(in, out, n, t, op, o);
+    if (!rec_) return impl_->reduce_scatter(in, out, n, t, op, o);
+    traced(collective::reduce_scatter, t, n, o, -1, [&] { impl_->reduce_scatter(in, out, n, t, op, o); });
   }
   void allgather(const void* in, void* out, std::size_t n, dtype t, const options& o = {}) {
-    impl_->allgather(in, out, n, t, o);
+    if (!rec_) return impl_->allgather(in, out, n, t, o);
+    traced(collective::allgather, t, n, o, -1, [&] { impl_->allgather(in, out, n, t, o); });
   }
-  void barrier(const options& o = {}) { impl_->barrier(o); }
+  void barrier(const options& o = {}) {
+    if (!rec_) return impl_->barrier(o);
+    traced(collective::barrier, dtype::u8, 0, o, -1, [&] { impl_->barrier(o); });
+  }
 
   async::work allreduce_async(const void* in, void* out, std::size_t n, dtype t, op_kind op, const options& o = {}) {
-    return impl_->allreduce_async(in, out, n, t, op, o);
+    if (!rec_) return impl_->allreduce_async(in, out, n, t, op, o);
+    return traced_async(collective::allreduce, t, n, o, -1, [&] { return impl_->allreduce_async(in, out, n, t, op, o); });
   }
   async::work broadcast_async(const void* in, void* out, std::size_t n, dtype t, int root, const options& o = {}) {
-    return impl_->broadcast_async(in, out, n, t, root, o);
+    if (!rec_) return impl_->broadcast_async(in, out, n, t, root, o);
+    return traced_async(collective::broadcast, t, n, o, root, [&] { return impl_->broadcast_async(in, out, n, t, root, o); });
   }
   async::work reduce_scatter_async(const void* in, void* out, std::size_t n, dtype t, op_kind op, const options& o = {}) {
-    return impl_->reduce_scatter_async(in, out, n, t, op, o);
+    if (!rec_) return impl_->reduce_scatter_async(in, out, n, t, op, o);
+    return traced_async(collective::reduce_scatter, t, n, o, -1,
+                        [&] { return impl_->reduce_scatter_async(in, out, n, t, op, o); });
   }
   async::work allgather_async(const void* in, void* out, std::size_t n, dtype t, const options& o = {}) {
-    return impl_->allgather_async(in, out, n, t, o);
+    if (!rec_) return impl_->allgather_async(in, out, n, t, o);
+    return traced_async(collective::allgather, t, n, o, -1, [&] { return impl_->allgather_async(in, out, n, t, o); });
   }
-  async::work barrier_async(const options& o = {}) { return impl_->barrier_async(o); }
+  async::work barrier_async(const options& o = {}) {
+    if (!rec_) return impl_->barrier_async(o);
+    return traced_async(collective::barrier, dtype::u8, 0, o, -1, [&] { return impl_->barrier_async(o); });
+  }
+
+  /// @brief Keeps a flight recorder of this group's last `s.entries` calls (none when 0):
+  /// kft/core/flight_recorder.hpp. `make_process_group` does it from `KFT_TRACE_ENTRIES`; its
+  /// dumps go where `trace::configure` said (`KFT_TRACE_DIR`).
+  void record(const trace::settings& s) {
+    rec_.reset();
+    trace_generation_ = static_cast<std::uint32_t>(generation());
+    if (s.entries) rec_ = std::make_unique<trace::recorder>(what_, s.entries);
+  }
+  /// @brief This group's flight recorder, or nullptr.
+  const trace::recorder* recorder() const noexcept { return rec_.get(); }
 
   void abort(std::string_view reason) noexcept {
     if (impl_) impl_->abort(reason);
+    if (rec_) trace::dump("abort");
   }
 
   /// @brief The group's ranks this rank knows are gone, after a call failed: on its node, those
@@ -314,6 +344,53 @@ class process_group : public typed_collectives<process_group> {
     if (!founding_) founding_ = impl_->founding_size();
     what_ += std::string(" (") + how + " to " + std::to_string(m.size()) + " of " + std::to_string(founding_) +
              " ranks: " + m.describe() + ", generation " + std::to_string(m.generation) + ")";
+    trace_generation_ = static_cast<std::uint32_t>(generation());
+    if (rec_) rec_->rename(what_);
+  }
+
+  // The flight recorder's side of a call: recorded as it is issued, ended as it returns; a
+  // failure that stops the group (its deadline, a dead or aborting peer, a cut connection)
+  // writes every ring of the process (trace::dump).
+  trace::slot_ref begin_trace(collective c, dtype t, std::size_t n, const options& o, int root, bool queued) noexcept {
+    return rec_->begin(c, t, n, impl_->sequence() + 1, trace_generation_, o.algorithm, root, queued);
+  }
+  static void failed_trace(const trace::slot_ref& r, const std::exception_ptr& e) noexcept {
+    trace::recorder::end(r, false);
+    try {
+      std::rethrow_exception(e);
+    } catch (const timeout_error&) {
+      trace::dump("deadline");
+    } catch (const remote_error&) {
+      trace::dump("a peer failed");
+    } catch (const transport_error&) {
+      trace::dump("a connection failed");
+    } catch (...) {
+    }
+  }
+  template <class F>
+  void traced(collective c, dtype t, std::size_t n, const options& o, int root, F&& call) {
+    const auto r = begin_trace(c, t, n, o, root, false);
+    try {
+      call();
+    } catch (...) {
+      failed_trace(r, std::current_exception());
+      throw;
+    }
+    trace::recorder::end(r, true);
+  }
+  template <class F>
+  async::work traced_async(collective c, dtype t, std::size_t n, const options& o, int root, F&& call) {
+    const auto r = begin_trace(c, t, n, o, root, true);
+    async::work w = [&]() -> async::work {
+      try {
+        return call();
+      } catch (...) {
+        failed_trace(r, std::current_exception());
+        throw;
+      }
+    }();
+    w.record_into(r);
+    return w;
   }
 
   // A backend's own work handle becomes async::work (it already is one for kft's transports).
@@ -432,6 +509,8 @@ class process_group : public typed_collectives<process_group> {
   rebuilder rebuild_;          // a group across nodes: how to build it again (shrink_by_rebuilding)
   std::string scope_;          // its agreements' name in the store
   std::vector<int> members_;   // its ranks by founding rank (empty: not shrunk)
+  std::unique_ptr<trace::recorder> rec_;  // the flight recorder (record), or none
+  std::uint32_t trace_generation_ = 0;    // generation(), kept for the recorder (changed())
   std::uint64_t generation_ = 0;
 };
 

@@ -1,0 +1,282 @@
+// SPDX-License-Identifier: Apache-2.0
+// The flight recorder (kft/core/flight_recorder.hpp; issue 47): the ring, the clock's stride,
+// asynchronous calls' times, the process group's recording, and the dump: its format, SIGUSR1,
+// a fatal signal, a deadline.
+#define BOOST_TEST_MODULE kft_flight_recorder
+#include <boost/test/unit_test.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <kft/async/work.hpp>
+#include <kft/core/flight_recorder.hpp>
+#include <kft/group/factory.hpp>
+#include <kft/rendezvous/memory_store.hpp>
+
+namespace fs = std::filesystem;
+namespace tr = kft::trace;
+using namespace std::chrono_literals;
+
+namespace {
+
+tr::slot_ref issue(tr::recorder& r, std::uint64_t seq, bool queued = false) {
+  return r.begin(kft::collective::allreduce, kft::dtype::f32, 1000 + seq, seq, 0, kft::algo::automatic, -1, queued);
+}
+
+std::vector<nlohmann::json> read_lines(const fs::path& p) {
+  std::ifstream in(p);
+  BOOST_REQUIRE_MESSAGE(in, "no dump at " << p);
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+kft::world_info place(int rank, int size) {
+  kft::world_info w;
+  w.rank = rank;
+  w.world_size = size;
+  w.local_rank = rank;
+  w.local_size = size;
+  w.node_rank = 0;
+  w.node_count = 1;
+  w.hostname = "host0";
+  w.backend = "test";
+  return w;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_ring_keeps_the_last_calls_in_order) {
+  tr::recorder r("g", 4);
+  BOOST_TEST(r.capacity() == 4u);
+  for (std::uint64_t s = 1; s <= 6; ++s) tr::recorder::end(issue(r, s), s != 5);
+  const auto e = r.entries();
+  BOOST_REQUIRE(e.size() == 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    BOOST_TEST(e[i]->seq == i + 3);
+    BOOST_TEST(e[i]->count == 1000 + i + 3);
+    BOOST_TEST(e[i]->id.load() == i + 3);
+  }
+  BOOST_TEST((e[2]->st.load() == tr::state::failed));  // seq 5
+  BOOST_TEST((e[3]->st.load() == tr::state::completed));
+  const auto in_flight = issue(r, 7);
+  BOOST_TEST((r.entries().back()->st.load() == tr::state::running));
+  tr::recorder::end(in_flight, true);
+  BOOST_TEST(tr::recorder("rounded up", 5).capacity() == 8u);
+}
+
+// Calls issued back to back share clock readings (two readings would cost more than 1% of
+// them); calls issued slowly are each timed.
+BOOST_AUTO_TEST_CASE(fast_calls_share_readings_slow_ones_are_each_timed) {
+  tr::recorder r("fast", 1024);
+  for (std::uint64_t s = 1; s <= 512; ++s) tr::recorder::end(issue(r, s), true);
+  BOOST_TEST(r.stride() > 1u);
+  int untimed = 0;
+  for (const auto* e : r.entries()) {
+    if (!e->timed) {
+      ++untimed;
+      BOOST_TEST(e->end_ns.load() == 0);
+      BOOST_TEST(e->start_ns.load() > 0);  // (the last reading: a lower bound)
+    }
+  }
+  BOOST_TEST(untimed > 256);
+  tr::recorder slow("slow", 64);
+  for (std::uint64_t s = 1; s <= 20; ++s) {
+    tr::recorder::end(issue(slow, s), true);
+    std::this_thread::sleep_for(1ms);
+  }
+  BOOST_TEST(slow.stride() == 1u);
+  const auto e = slow.entries();
+  for (std::size_t i = 1; i < e.size(); ++i) {  // (the first call has no interval to go by)
+    BOOST_TEST(e[i]->timed);
+    BOOST_TEST(e[i]->end_ns.load() >= e[i]->start_ns.load());
+  }
+}
+
+// An asynchronous call's entry is queued when issued, then takes its work's start and end.
+BOOST_AUTO_TEST_CASE(an_asynchronous_call_takes_its_works_times) {
+  tr::recorder r("async", 8);
+  auto st = std::make_shared<kft::async::work_state>();
+  kft::async::work w(st);
+  const auto ref = issue(r, 1, true);
+  w.record_into(ref);
+  BOOST_TEST((ref.e->st.load() == tr::state::queued));
+  st->start();
+  BOOST_TEST((ref.e->st.load() == tr::state::running));
+  st->complete(std::make_exception_ptr(kft::remote_error("peer gone", kft::error_site::of("test"))));
+  BOOST_TEST((ref.e->st.load() == tr::state::failed));
+  BOOST_TEST(ref.e->ns_times.load());
+  BOOST_TEST(ref.e->start_ns.load() == st->started_ns());
+  BOOST_TEST(ref.e->end_ns.load() == st->done_ns());
+  BOOST_CHECK_THROW(w.wait(), kft::remote_error);
+  // Completed before the recorder attached: written at once.
+  auto done = std::make_shared<kft::async::work_state>();
+  done->complete();
+  kft::async::work w2(done);
+  const auto ref2 = issue(r, 2, true);
+  w2.record_into(ref2);
+  BOOST_TEST((ref2.e->st.load() == tr::state::completed));
+  BOOST_TEST(ref2.e->end_ns.load() == done->done_ns());
+}
+
+// make_process_group records every call of the group (KFT_TRACE_ENTRIES), blocking and
+// asynchronous, with the group's sequence numbers; 0 records nothing; a bad value is named.
+BOOST_AUTO_TEST_CASE(the_process_group_records_its_calls) {
+  auto store = std::make_shared<kft::rendezvous::memory_store>();
+  const kft::environment env(kft::environment::map_type{{"KFT_RUN_ID", "trace-test"}, {"KFT_TRACE_ENTRIES", "16"}});
+  std::vector<std::vector<std::string>> seen(2);
+  std::vector<std::thread> t;
+  for (int r = 0; r < 2; ++r)
+    t.emplace_back([&, r] {
+      auto pg = kft::group::make_process_group(place(r, 2), store, {}, env);
+      BOOST_REQUIRE(pg.recorder() != nullptr);
+      std::vector<float> x(100, 1.0f);
+      pg.allreduce(std::span<float>(x), kft::ops::sum);
+      pg.broadcast(std::span<float>(x), 1);
+      auto w = pg.allreduce_async(std::span<float>(x), kft::ops::sum);
+      w.wait();
+      pg.barrier();
+      for (const auto* e : pg.recorder()->entries())
+        seen[static_cast<std::size_t>(r)].push_back(std::string(kft::name(e->op)) + " #" + std::to_string(e->seq) + " " +
+                                                    std::string(tr::name(e->st.load())) + " root " + std::to_string(e->root) +
+                                                    " n " + std::to_string(e->count));
+    });
+  for (auto& x : t) x.join();
+  const std::vector<std::string> want = {"allreduce #1 completed root -1 n 100", "broadcast #2 completed root 1 n 100",
+                                         "allreduce #3 completed root -1 n 100", "barrier #4 completed root -1 n 0"};
+  BOOST_TEST(seen[0] == want, boost::test_tools::per_element());
+  BOOST_TEST(seen[1] == want, boost::test_tools::per_element());
+  const kft::environment off(kft::environment::map_type{{"KFT_TRACE_ENTRIES", "0"}});
+  BOOST_TEST(kft::group::trace_settings(off).entries == 0u);
+  const kft::environment bad(kft::environment::map_type{{"KFT_TRACE_ENTRIES", "lots"}});
+  try {
+    (void)kft::group::trace_settings(bad);
+    BOOST_FAIL("KFT_TRACE_ENTRIES=lots was accepted");
+  } catch (const kft::config_error& e) {
+    BOOST_TEST(std::string(e.what()).find("KFT_TRACE_ENTRIES") != std::string::npos);
+  }
+}
+
+// The dump: JSON lines, the process first, then every entry of every live recorder, oldest
+// first; SIGUSR1 rewrites it and the process goes on.
+BOOST_AUTO_TEST_CASE(a_dump_and_sigusr1_write_every_ring) {
+  const fs::path dir = fresh_dir("kft-trace-test");
+  tr::configure({.entries = 8, .dir = dir.string()}, 3, 8, "node\"1");
+  tr::recorder a("group \"a\"", 8), b("group b", 8);
+  for (std::uint64_t s = 1; s <= 3; ++s) tr::recorder::end(issue(a, s), true);
+  const auto stuck = issue(b, 1);
+  BOOST_REQUIRE(tr::dump("test"));
+  auto lines = read_lines(dir / "rank3.jsonl");
+  BOOST_REQUIRE(lines.size() == 5u);
+  BOOST_TEST(lines[0]["rank"] == 3);
+  BOOST_TEST(lines[0]["world_size"] == 8);
+  BOOST_TEST(lines[0]["host"] == "node1");  // (a quote in a host name is dropped)
+  BOOST_TEST(lines[0]["why"] == "test");
+  BOOST_TEST(lines[0]["pid"] == ::getpid());
+  BOOST_TEST(lines[1]["group"] == "group \"a\"");
+  BOOST_TEST(lines[1]["seq"] == 1);
+  BOOST_TEST(lines[3]["seq"] == 3);
+  BOOST_TEST(lines[3]["state"] == "completed");
+  BOOST_TEST(lines[3]["op"] == "allreduce");
+  BOOST_TEST(lines[3]["dtype"] == "f32");
+  BOOST_TEST(lines[4]["group"] == "group b");
+  BOOST_TEST(lines[4]["state"] == "running");
+  BOOST_TEST(lines[4]["end_ns"] == 0);
+  const std::int64_t started = lines[4]["start_ns"];
+  BOOST_TEST(started > 0);
+  BOOST_TEST(started <= static_cast<std::int64_t>(lines[0]["now_ns"]));
+  ::raise(SIGUSR1);  // (the handler dumps and returns)
+  lines = read_lines(dir / "rank3.jsonl");
+  BOOST_TEST(lines[0]["why"] == "SIGUSR1");
+  BOOST_TEST(lines.size() == 5u);
+  tr::recorder::end(stuck, true);
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.path().filename().string().starts_with("rank");
+  BOOST_TEST(files == 1u);  // (the temporary file was renamed: nothing else is left)
+  fs::remove_all(dir);
+}
+
+// A fatal signal: the handler dumps, then the process dies of the signal as it would have.
+BOOST_AUTO_TEST_CASE(a_fatal_signal_dumps_then_kills) {
+  const fs::path dir = fresh_dir("kft-trace-fatal");
+  const pid_t child = ::fork();
+  BOOST_REQUIRE(child >= 0);
+  if (child == 0) {
+    ::signal(SIGSEGV, SIG_DFL);  // (Boost.Test's own handler: a program's handler is kept, not replaced)
+    tr::configure({.entries = 8, .dir = dir.string()}, 5, 6, "h");
+    tr::recorder r("crashing", 8);
+    (void)issue(r, 42);
+    ::raise(SIGSEGV);
+    ::_exit(0);  // (not reached)
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  BOOST_TEST(WIFSIGNALED(status));
+  BOOST_TEST(WTERMSIG(status) == SIGSEGV);
+  const auto lines = read_lines(dir / "rank5.jsonl");
+  BOOST_REQUIRE(lines.size() >= 2u);
+  BOOST_TEST(lines[0]["why"] == "SIGSEGV");
+  BOOST_TEST(lines.back()["group"] == "crashing");
+  BOOST_TEST(lines.back()["seq"] == 42);
+  BOOST_TEST(lines.back()["state"] == "running");
+  fs::remove_all(dir);
+}
+
+// A call that passes its deadline fails and dumps: the entry says failed, the dump why.
+BOOST_AUTO_TEST_CASE(a_deadline_dumps) {
+  const fs::path dir = fresh_dir("kft-trace-deadline");
+  auto store = std::make_shared<kft::rendezvous::memory_store>();
+  const kft::environment env(kft::environment::map_type{
+      {"KFT_RUN_ID", "trace-deadline"}, {"KFT_TRACE_DIR", dir.string()}, {"KFT_TIMEOUT", "3s"}});
+  std::string error;
+  std::vector<std::thread> t;
+  std::atomic<bool> built{false};
+  for (int r = 0; r < 2; ++r)
+    t.emplace_back([&, r] {
+      auto pg = kft::group::make_process_group(place(r, 2), store, {}, env);
+      std::vector<float> x(10, 1.0f);
+      pg.allreduce(std::span<float>(x), kft::ops::sum);
+      if (r == 1) {  // rank 1 skips the second allreduce: rank 0 waits to its deadline
+        while (!built.load()) std::this_thread::sleep_for(10ms);
+        return;
+      }
+      try {
+        pg.allreduce(std::span<float>(x), kft::ops::sum, {.algorithm = kft::algo::automatic, .timeout = 500ms, .tag = 0});
+      } catch (const kft::timeout_error& e) {
+        error = e.what();
+      }
+      const auto e = pg.recorder()->entries();
+      BOOST_TEST((e.back()->st.load() == tr::state::failed));
+      BOOST_TEST(e.back()->seq == 2u);
+      built = true;
+    });
+  for (auto& x : t) x.join();
+  BOOST_TEST(!error.empty());
+  bool found = false;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    const auto lines = read_lines(f.path());
+    if (lines.empty() || lines[0]["why"] != "deadline") continue;
+    for (std::size_t i = 1; i < lines.size(); ++i)
+      found |= lines[i]["seq"] == 2 && lines[i]["state"] == "failed" && lines[i]["op"] == "allreduce";
+  }
+  BOOST_TEST(found, "a dump says the deadline and the failed allreduce #2");
+  fs::remove_all(dir);
+}
