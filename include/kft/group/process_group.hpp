@@ -284,23 +284,35 @@ class process_group : public typed_collectives<process_group> {
   membership shrink_by_rebuilding(std::shared_ptr<rendezvous::store> store, const shrink_options& o) {
     if (!store) throw usage_error("shrink: no store", error_site::of("shrink"));
     const int n = size(), me = rank();
-    if (!founding_) founding_ = n;
-    std::vector<int> ids = members_;
-    if (ids.empty())
-      for (int r = 0; r < n; ++r) ids.push_back(r);
+    const auto ids = founding_ids();
     std::vector<int> lost;
     for (int r : impl_->lost_ranks())
       if (r >= 0 && r < n && r != me) lost.push_back(ids[static_cast<std::size_t>(r)]);
     const std::uint64_t generation = generation_ + 1;
-    membership m = agree_on_members(*store, scope_, generation, ids[static_cast<std::size_t>(me)], founding_,
-                                    n - static_cast<std::int64_t>(lost.size()), o, lost, n);
-    m.old_size = n;
-    m.before = ids;
-    process_group next = rebuild_(m.rank, m.size(), generation);
-    impl_ = std::move(next.impl_);  // (the failed group's connections close here)
+    return rebuild_as(agree_on_members(*store, scope_, generation, ids[static_cast<std::size_t>(me)], founding_,
+                                       n - static_cast<std::int64_t>(lost.size()), o, lost, n),
+                      ids, "shrunk");
+  }
+
+  // This group's ranks by founding rank (members_, or 0..size-1 before any change); sets
+  // founding_ when it is not yet.
+  std::vector<int> founding_ids() {
+    const int n = size();
+    if (!founding_) founding_ = n;
+    std::vector<int> ids = members_;
+    if (ids.empty())
+      for (int r = 0; r < n; ++r) ids.push_back(r);
+    return ids;
+  }
+  // Builds the generation `m` agreed on (its members were `before`) and becomes it.
+  membership rebuild_as(membership m, const std::vector<int>& before, const char* how) {
+    m.old_size = size();
+    m.before = before;
+    process_group next = rebuild_(m.rank, m.size(), m.generation);
+    impl_ = std::move(next.impl_);  // (the previous generation's connections close here)
     members_ = m.members;
-    generation_ = generation;
-    changed(m, "shrunk");
+    generation_ = m.generation;
+    changed(m, how);
     return m;
   }
 
@@ -321,22 +333,14 @@ class process_group : public typed_collectives<process_group> {
                             ")",
                         error_site::of("join"));
     const int n = size(), me = rank();
-    if (!founding_) founding_ = n;
-    std::vector<int> ids = members_;
-    if (ids.empty())
-      for (int r = 0; r < n; ++r) ids.push_back(r);
+    const auto ids = founding_ids();
     const std::uint64_t generation = generation_ + 1;
     const std::int64_t expected = n + (tickets - admitted_);
     if (me == 0) admit_joiners(*store, scope_, admitted_, tickets, generation, expected);
-    membership m = agree_on_members(*store, scope_, generation, ids[static_cast<std::size_t>(me)], founding_, expected, o);
-    m.old_size = n;
-    m.before = ids;
-    process_group next = rebuild_(m.rank, m.size(), generation);
-    impl_ = std::move(next.impl_);  // (the previous generation's connections close here)
-    members_ = m.members;
-    generation_ = generation;
+    auto m = rebuild_as(
+        agree_on_members(*store, scope_, generation, ids[static_cast<std::size_t>(me)], founding_, expected, o), ids,
+        "grown");
     admitted_ = tickets;
-    changed(m, "grown");
     return m;
   }
 
