@@ -9,17 +9,19 @@
 ///
 /// Each entry holds the group's name and generation, the call's sequence number, collective,
 /// dtype, count, root, algorithm, its enqueue, start and end times (steady clock, ns) and its
-/// state (queued, running, completed, failed). A call costs two reads of the CPU's time-stamp
-/// counter and a few stores into a slot of the ring: no lock, no atomic read-modify-write, no
-/// allocation (bench/collectives/flight_recorder_cost.cpp measures it against 8-byte allreduces).
+/// state (queued, running, completed, failed). A call costs a few stores into a slot of the
+/// ring, and two reads of the CPU's time-stamp counter when the calls are far enough apart
+/// (`recorder::begin`): no lock, no atomic read-modify-write, no allocation
+/// (bench/collectives/flight_recorder_cost.cpp measures it against 8-byte allreduces;
+/// docs/flight-recorder.md has the numbers).
 ///
 /// The dump, `<dir>/rank<R>.jsonl` (R: the job's rank), is JSON lines: one line about the
 /// process (rank, world size, host, pid, why, when), then one line per recorded call, oldest
 /// first, group by group. It is written with async-signal-safe calls only (open, write,
 /// rename), so a fatal signal's handler can write it; a dump replaces the previous one
-/// atomically. `kft-trace` reads every rank's file.
+/// atomically. A tool that reads every rank's file (issue 47 item 4) is not built yet.
 ///
-/// Settings (read by `make_process_group` through `settings_from`): `KFT_TRACE_DIR` (where
+/// Settings (read by `make_process_group` through `group::trace_settings`): `KFT_TRACE_DIR` (where
 /// dumps go; unset: no dumps, the rings are still kept), `KFT_TRACE_ENTRIES` (ring size, 2048;
 /// 0: no recording).
 #pragma once
@@ -143,6 +145,7 @@ struct registry {
   char identity[512] = {0};  // "\"rank\":3,\"world_size\":8,\"host\":\"node1\"" (JSON members)
   int rank = -1;
   std::atomic<int> dumping{0};
+  std::atomic<bool> writing{false};
   std::int64_t ticks0 = ticks(), ns0 = now_ns();  // (a dump's second pair converts ticks to ns)
   std::int64_t read_cost = measure_read_cost();   // ticks one ticks() costs
   static std::int64_t measure_read_cost() noexcept {
@@ -361,7 +364,17 @@ class recorder {
 inline bool dump(const char* why) noexcept {
   auto& r = detail::the_registry();
   if (r.dir[0] == '\0') return false;
+  // One dump at a time (two groups failing at once on two threads would write the same file;
+  // the first one's holds both rings).
+  if (r.writing.exchange(true)) return false;
   r.dumping.fetch_add(1);
+  struct done_writing {
+    detail::registry& reg;
+    ~done_writing() {
+      reg.dumping.fetch_sub(1);
+      reg.writing.store(false);
+    }
+  } finished{r};
   char path[600], tmp[620];
   {
     // "<dir>/rank<R>.jsonl" and "<dir>/.rank<R>.jsonl.<pid>"
@@ -398,10 +411,7 @@ inline bool dump(const char* why) noexcept {
   }
   ::mkdir(r.dir, 0755);  // (one level; an existing one is fine)
   const int fd = ::open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    r.dumping.fetch_sub(1);
-    return false;
-  }
+  if (fd < 0) return false;
   {
     detail::writer w(fd);
     struct timespec real {};
@@ -418,7 +428,6 @@ inline bool dump(const char* why) noexcept {
   ::close(fd);
   const bool ok = ::rename(tmp, path) == 0;
   if (!ok) ::unlink(tmp);
-  r.dumping.fetch_sub(1);
   return ok;
 }
 

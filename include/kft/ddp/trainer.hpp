@@ -701,7 +701,6 @@ class trainer {
   }
 
  public:
-
   /// @brief Compares a hash of every parameter across the ranks. @throws desync_error
   void verify_replicas(const char* when) {
     const std::size_t p = tensors_.size();
