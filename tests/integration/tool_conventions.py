@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The conventions every kft tool follows (tools/common/cli.hpp):
 
-    tool_conventions.py VERSION KFTRUN KFT_INFO [KFT_MANIFEST]
+    tool_conventions.py VERSION KFTRUN KFT_INFO [KFT_MANIFEST] [KFT_TRACE]
 
 --version prints "<tool> (kft VERSION)" and exits 0; --help exits 0 and lists --version,
 --verbose and --quiet; an unknown flag, a bad value and a missing argument exit 2 with one line
@@ -19,8 +19,10 @@ import sys
 import procs  # (this folder is on the path when run as a script)
 
 VERSION, KFTRUN, KFT_INFO = sys.argv[1:4]
-KFT_MANIFEST = sys.argv[4] if len(sys.argv) > 4 else None
-LINE = re.compile(r"^(kftrun|kftrun\[node \d+\]|kft-info|kft-manifest) (ERROR|WARN|INFO|DEBUG): \S")
+OPTIONAL = {os.path.basename(a): a for a in sys.argv[4:]}
+KFT_MANIFEST = OPTIONAL.get("kft-manifest")
+KFT_TRACE = OPTIONAL.get("kft-trace")
+LINE = re.compile(r"^(kftrun|kftrun\[node \d+\]|kft-info|kft-manifest|kft-trace) (ERROR|WARN|INFO|DEBUG): \S")
 
 # A clean environment: no launcher, no KFT_* of the caller (KFT_LOG_LEVEL above all).
 BASE = {k: v for k, v in os.environ.items()
@@ -45,7 +47,8 @@ def usage_error(tool, args, *names, **extra):
     expect(ok, f"{tool} {' '.join(args[1:])}: exit 2, one ERROR line naming {', '.join(map(repr, names))}", p)
 
 
-tools = [("kftrun", KFTRUN), ("kft-info", KFT_INFO)] + ([("kft-manifest", KFT_MANIFEST)] if KFT_MANIFEST else [])
+tools = [("kftrun", KFTRUN), ("kft-info", KFT_INFO)] + ([("kft-manifest", KFT_MANIFEST)] if KFT_MANIFEST else []) + \
+    ([("kft-trace", KFT_TRACE)] if KFT_TRACE else [])
 for tool, exe in tools:
     p = run([exe, "--version"])
     expect(p.returncode == 0 and p.stdout == f"{tool} (kft {VERSION})\n" and p.stderr == "",
@@ -68,6 +71,10 @@ usage_error("kft-info", [KFT_INFO, "--output"], "--output")
 usage_error("kft-info", [KFT_INFO], 'KFT_LOG_LEVEL="loud"', KFT_LOG_LEVEL="loud")
 # A malformed launcher environment is a usage error too, through the same line.
 usage_error("kft-info", [KFT_INFO], 'RANK="abc"', RANK="abc", WORLD_SIZE="2")
+if KFT_TRACE:
+    usage_error("kft-trace", [KFT_TRACE], "dir")
+    usage_error("kft-trace", [KFT_TRACE, "/nonexistent/trace"], "/nonexistent/trace", "not a directory")
+    usage_error("kft-trace", [KFT_TRACE, "/tmp"], 'KFT_LOG_LEVEL="loud"', KFT_LOG_LEVEL="loud")
 if KFT_MANIFEST:
     job = ["--name", "demo", "--image", "reg/kft:1"]
     usage_error("kft-manifest", [KFT_MANIFEST, "trainjob", "--nodes", "abc", *job, "--", "./train"], "--nodes", "abc")

@@ -11,15 +11,23 @@
 #                 errors of ranks that waited for a rank that was itself waiting for rank 2
 #   sigstop_host  SIGSTOP of both ranks of host 1: host 0's ranks wait in Gloo for them, and
 #                 for each other in the node's shared memory; every error names rank 2 or 3
+#   sigstop_member SIGSTOP of rank 3 (local rank 1 of host 1): rank 2 waits for it in host 1's
+#                 shared memory, rank 1 (local rank 1 of host 0) in Gloo between the local
+#                 ranks 1 of the hosts (rail 1), and rank 0 for rank 1 in host 0's shared memory
 #
-#   gloo-faults.sh <kftrun> <gloo_fault_worker> [scenario...]
+# In the SIGSTOP scenarios the ranks' flight recorders dump to a directory (KFT_TRACE_DIR; the
+# ranks still waiting when kftrun stops the job dump on its SIGUSR1), and kft-trace must name
+# the stopped rank(s) and no other, and follow the chain of waits from the other host to them:
+# sigstop: rank 1 -> rank 0 -> rank 2; sigstop_member: rank 0 -> rank 1 -> rank 3.
+#
+#   gloo-faults.sh <kftrun> <gloo_fault_worker> <kft-trace> [scenario...]
 #
 # Exit 77 (skip) when namespaces cannot be created.
 set -euo pipefail
 trap 'echo "$(basename "$0"): line $LINENO: a command failed (exit $?)" >&2' ERR
-kftrun=$1 worker=$2; shift 2
+kftrun=$1 worker=$2 kft_trace=$3; shift 3
 scenarios=("$@")
-((${#scenarios[@]})) || scenarios=(worker_kill9 agent_kill9 blackhole sigstop sigstop_host)
+((${#scenarios[@]})) || scenarios=(worker_kill9 agent_kill9 blackhole sigstop sigstop_host sigstop_member)
 here=$(cd "$(dirname "$0")" && pwd)
 cluster="$here/netns-cluster.sh"
 name="kftf$$"
@@ -29,6 +37,7 @@ cleanup() {
   for p in "${agents[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   pkill -9 -f "$worker $tmp" 2>/dev/null || true
   "$cluster" down "$name"
+  [[ -z "${KEEP_TRACE:-}" ]] || cp -r "$tmp/trace" "$KEEP_TRACE" 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -53,8 +62,11 @@ for scenario in "${scenarios[@]}"; do
   # waits longer than the ranks do.
   heartbeat=2
   [[ "$scenario" != sigstop* ]] || heartbeat=10
+  rm -rf "$tmp/trace"
+  trace=()
+  [[ "$scenario" != sigstop* ]] || trace=(env "KFT_TRACE_DIR=$tmp/trace")
   for i in 0 1; do
-    "$cluster" exec "$name" "$i" "$kftrun" --nnodes 2 --node-rank "$i" --master-addr "$master" --master-port 29500 \
+    "$cluster" exec "$name" "$i" "${trace[@]}" "$kftrun" --nnodes 2 --node-rank "$i" --master-addr "$master" --master-port 29500 \
       --nproc-per-node 2 --heartbeat-timeout "$heartbeat" --run-id "f$scenario" -- "$worker" "$tmp" "$deadline_s" 120 \
       > "$tmp/agent$i.out" 2>&1 &
     agents+=($!)
@@ -75,6 +87,7 @@ for scenario in "${scenarios[@]}"; do
       "$cluster" exec "$name" 1 iptables -A OUTPUT ! -o lo -j DROP ;;
     sigstop) kill -STOP "$(cat "$tmp/pid.2")" ;;
     sigstop_host) kill -STOP "$(cat "$tmp/pid.2")" "$(cat "$tmp/pid.3")" ;;
+    sigstop_member) kill -STOP "$(cat "$tmp/pid.3")" ;;
     *) echo "unknown scenario $scenario" >&2; exit 2 ;;
   esac
   # The job must end: every agent exits, non-zero, within the budget (a watchdog kills stragglers).
@@ -103,6 +116,7 @@ for scenario in "${scenarios[@]}"; do
     blackhole) want="the agent of node 1 on $name-h1 stopped sending heartbeats|recorded no failure.*rank [23] \\($name-h1\\)" ;;
     sigstop) want="rank 2 \\($name-h1\\)|job rank 2([^0-9]|\$)" ;;
     sigstop_host) want="rank [23] \\($name-h1\\)|job rank [23]([^0-9]|\$)" ;;
+    sigstop_member) want="rank 3 \\($name-h1\\)|job rank 3([^0-9]|\$)" ;;
   esac
   grep -Eq "$want" "$tmp/all.out" || fail "no error names the culprit (/$want/)"
   # A stopped rank is silent, not dead: the ranks that wait for it, directly or through a rank
@@ -114,6 +128,32 @@ for scenario in "${scenarios[@]}"; do
     while IFS= read -r line; do
       grep -Eq "$want" <<<"$line" || fail "an error does not name a stopped rank (/$want/): $line"
     done <<<"$errors"
+  fi
+  # The flight recorders' dumps, read by kft-trace: the stopped rank(s) named, no other, and the
+  # chain of waits from host 0 followed to them.
+  if [[ "$scenario" == sigstop* ]]; then
+    "$kft_trace" "$tmp/trace" | sed 's/^/   kft-trace: /' | cut -c1-300
+    "$kft_trace" --json "$tmp/trace" > "$tmp/trace.json" || fail "kft-trace could not read the dumps"
+    case "$scenario" in
+      sigstop) stopped="2" chain="1 0 2" ;;
+      sigstop_host) stopped="2 3" chain="" ;;
+      sigstop_member) stopped="3" chain="0 1 3" ;;
+    esac
+    python3 - "$tmp/trace.json" "$stopped" "$chain" <<'PY' || fail "kft-trace did not name the stopped rank(s)"
+import json, sys
+r = json.load(open(sys.argv[1]))
+stopped = sorted(int(x) for x in sys.argv[2].split())
+chain = [int(x) for x in sys.argv[3].split()]
+culprits = sorted(c["rank"] for c in r["culprits"])
+ok = culprits == stopped
+print(f"   kft-trace culprits {culprits}, want {stopped}: {'ok' if ok else 'WRONG'}")
+ends = sorted({c[-1] for c in r["chains"]})
+ok_ends = bool(ends) and set(ends) <= set(stopped)
+print(f"   chains {r['chains']} end at {ends}: {'ok' if ok_ends else 'WRONG'}")
+ok_chain = not chain or chain in r["chains"]
+print(f"   the chain {chain} across the hosts is followed: {'ok' if ok_chain else 'WRONG'}")
+sys.exit(0 if ok and ok_ends and ok_chain else 1)
+PY
   fi
   # Nothing left behind: no worker process, no new shared-memory segment.
   sleep 0.5

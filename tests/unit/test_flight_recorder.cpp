@@ -181,32 +181,48 @@ BOOST_AUTO_TEST_CASE(a_dump_and_sigusr1_write_every_ring) {
   const fs::path dir = fresh_dir("kft-trace-test");
   tr::configure({.entries = 8, .dir = dir.string()}, 3, 8, "node\"1");
   tr::recorder a("group \"a\"", 8), b("group b", 8);
+  a.place(2, 5);
+  b.identify("b");
   for (std::uint64_t s = 1; s <= 3; ++s) tr::recorder::end(issue(a, s), true);
   const auto stuck = issue(b, 1);
   BOOST_REQUIRE(tr::dump("test"));
   auto lines = read_lines(dir / "rank3.jsonl");
-  BOOST_REQUIRE(lines.size() == 5u);
+  BOOST_REQUIRE(lines.size() == 7u);  // the process, group a and its 3 calls, group b and its call
   BOOST_TEST(lines[0]["rank"] == 3);
   BOOST_TEST(lines[0]["world_size"] == 8);
   BOOST_TEST(lines[0]["host"] == "node1");  // (a quote in a host name is dropped)
   BOOST_TEST(lines[0]["why"] == "test");
   BOOST_TEST(lines[0]["pid"] == ::getpid());
+  BOOST_TEST(!lines[0].contains("error"));  // (no call failed)
   BOOST_TEST(lines[1]["group"] == "group \"a\"");
-  BOOST_TEST(lines[1]["seq"] == 1);
-  BOOST_TEST(lines[3]["seq"] == 3);
-  BOOST_TEST(lines[3]["state"] == "completed");
-  BOOST_TEST(lines[3]["op"] == "allreduce");
-  BOOST_TEST(lines[3]["dtype"] == "f32");
-  BOOST_TEST(lines[4]["group"] == "group b");
-  BOOST_TEST(lines[4]["state"] == "running");
-  BOOST_TEST(lines[4]["end_ns"] == 0);
-  const std::int64_t started = lines[4]["start_ns"];
+  BOOST_TEST(lines[1]["group_rank"] == 2);
+  BOOST_TEST(lines[1]["group_size"] == 5);
+  BOOST_TEST(lines[1]["recorded"] == 3);
+  BOOST_TEST(!lines[1].contains("op"));
+  BOOST_TEST(lines[1]["group_id"] == "group \"a\"");  // (no id given: its name)
+  BOOST_TEST(lines[2]["group_id"] == "group \"a\"");
+  BOOST_TEST(lines[2]["seq"] == 1);
+  BOOST_TEST(lines[4]["seq"] == 3);
+  BOOST_TEST(lines[4]["state"] == "completed");
+  BOOST_TEST(lines[4]["op"] == "allreduce");
+  BOOST_TEST(lines[4]["dtype"] == "f32");
+  BOOST_TEST(lines[5]["group"] == "group b");
+  BOOST_TEST(lines[5]["group_size"] == -1);  // (never placed)
+  BOOST_TEST(lines[6]["group_id"] == "b");
+  BOOST_TEST(lines[6]["state"] == "running");
+  BOOST_TEST(lines[6]["end_ns"] == 0);
+  const std::int64_t started = lines[6]["start_ns"];
   BOOST_TEST(started > 0);
   BOOST_TEST(started <= static_cast<std::int64_t>(lines[0]["now_ns"]));
+  // A failure's error and the ranks it waited for go into the next dumps' first line.
+  tr::note_failure("kft: rank 3/8 allreduce #4: timed out waiting for rank(s) 5", {5, 6});
   ::raise(SIGUSR1);  // (the handler dumps and returns)
   lines = read_lines(dir / "rank3.jsonl");
   BOOST_TEST(lines[0]["why"] == "SIGUSR1");
-  BOOST_TEST(lines.size() == 5u);
+  BOOST_TEST(lines[0]["error"] == "kft: rank 3/8 allreduce #4: timed out waiting for rank(s) 5");
+  BOOST_TEST((lines[0]["waiting_for"] == nlohmann::json::array({5, 6})));
+  BOOST_TEST(lines.size() == 7u);
+  tr::note_failure("", {});  // (the registry is the process's: leave it as found)
   tr::recorder::end(stuck, true);
   std::size_t files = 0;
   for (const auto& e : fs::directory_iterator(dir)) files += e.path().filename().string().starts_with("rank");
@@ -234,7 +250,7 @@ BOOST_AUTO_TEST_CASE(a_fatal_signal_dumps_then_kills) {
   const auto lines = read_lines(dir / "rank5.jsonl");
   BOOST_REQUIRE(lines.size() >= 2u);
   BOOST_TEST(lines[0]["why"] == "SIGSEGV");
-  BOOST_TEST(lines.back()["group"] == "crashing");
+  BOOST_TEST(lines.back()["group_id"] == "crashing");
   BOOST_TEST(lines.back()["seq"] == 42);
   BOOST_TEST(lines.back()["state"] == "running");
   fs::remove_all(dir);
@@ -274,6 +290,9 @@ BOOST_AUTO_TEST_CASE(a_deadline_dumps) {
   for (const auto& f : fs::directory_iterator(dir)) {
     const auto lines = read_lines(f.path());
     if (lines.empty() || lines[0]["why"] != "deadline") continue;
+    // (the error that made the dump, and the rank it waited for: rank 1, which skipped the call)
+    BOOST_TEST(lines[0]["error"].get<std::string>().find("timed out") != std::string::npos);
+    BOOST_TEST((lines[0]["waiting_for"] == nlohmann::json::array({1})));
     for (std::size_t i = 1; i < lines.size(); ++i)
       found |= lines[i]["seq"] == 2 && lines[i]["state"] == "failed" && lines[i]["op"] == "allreduce";
   }

@@ -835,6 +835,13 @@ class agent {
         log(kft::log::level::debug, "stopping the workers still running after --exit-grace " +
                                         kft::detail::describe_duration(opt_.exit_grace));
     }
+    // With the flight recorder on (KFT_TRACE_DIR), the workers still running write their dumps
+    // first: where each one is inside its calls, for kft-trace (docs/flight-recorder.md).
+    if (const char* dir = std::getenv("KFT_TRACE_DIR"); dir && *dir && !group.all_exited()) {
+      const int n = group.ask_for_dumps(dir, std::chrono::seconds(2));
+      log(kft::log::level::info, "the workers still running wrote " + std::to_string(n) +
+                                     " flight-recorder dump(s) to " + dir + " (kft-trace " + dir + " reads them)");
+    }
     const int before = group.strays_ended();
     group.kill_all(opt_.term_grace);
     if (const int n = group.strays_ended() - before; n > 0)

@@ -236,6 +236,45 @@ class worker_group {
     }
   }
 
+  /// Asks every live worker that is not stopped for its flight recorder's dump (SIGUSR1: kft's
+  /// handler writes `<dir>/rank<R>.jsonl` and the worker goes on; docs/flight-recorder.md), and
+  /// waits until each has written it, one has exited, or `wait` has passed. For a job being
+  /// stopped with KFT_TRACE_DIR set: the ranks still inside their calls say where they are, so
+  /// kft-trace can follow the chain of waits, not only the rank that failed first. Returns how
+  /// many wrote.
+  int ask_for_dumps(const std::string& dir, std::chrono::milliseconds wait) {
+    namespace fs = std::filesystem;
+    struct asked {
+      const worker* w;
+      fs::path file;
+      fs::file_time_type before;
+    };
+    std::vector<asked> waiting;
+    for (const auto& w : workers_) {
+      if (w.exited || is_stopped(w.pid)) continue;
+      const fs::path f = fs::path(dir) / ("rank" + std::to_string(w.rank) + ".jsonl");
+      std::error_code ec;
+      const auto before = fs::last_write_time(f, ec);
+      waiting.push_back({&w, f, ec ? fs::file_time_type::min() : before});
+      ::kill(w.pid, SIGUSR1);
+    }
+    int wrote = 0;
+    const auto until = clock::now() + wait;
+    while (!waiting.empty() && clock::now() < until) {
+      poll_once(std::chrono::milliseconds(10));
+      std::erase_if(waiting, [&](const asked& a) {
+        std::error_code ec;
+        const auto t = fs::last_write_time(a.file, ec);
+        if (!ec && t != a.before) {
+          ++wrote;
+          return true;
+        }
+        return a.w->exited;
+      });
+    }
+    return wrote;
+  }
+
   /// SIGTERM (and SIGCONT) to every live worker's process group, SIGKILL after `grace`; reaps everyone and
   /// drains their output. Leaves an empty group.
   void kill_all(std::chrono::milliseconds grace) {

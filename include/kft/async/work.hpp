@@ -186,7 +186,6 @@ struct work_state {
     return clock::time_point(std::chrono::nanoseconds(started)) + timeout + std::chrono::seconds(1);
   }
   void expire() {
-    trace::dump("deadline");  // (the flight recorder, when KFT_TRACE_DIR is set)
     std::exception_ptr e;
     try {
       if (on_timeout) e = on_timeout();
@@ -200,6 +199,14 @@ struct work_state {
       e = std::make_exception_ptr(timeout_error(
           "did not complete within its deadline (" + kft::detail::describe_duration(timeout) + " + 1 s)", s));
     }
+    // (the flight recorder, when KFT_TRACE_DIR is set: the dump carries the error)
+    try {
+      std::rethrow_exception(e);
+    } catch (const kft::error& err) {
+      trace::note_failure(err.what(), err.waiting_for());
+    } catch (...) {
+    }
+    trace::dump("deadline");
     complete(e);
   }
 

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <kft/core/namespace.hpp>
 
@@ -43,6 +44,10 @@ struct error_site {
   std::string operation;                ///< "discover", "allreduce", ...
   std::optional<std::uint64_t> sequence;  ///< the operation's sequence number
   std::string group;  ///< e.g. "rail 1, rank 1/2" when the communicator is part of the job
+  /// The job ranks this rank was waiting for when the call failed (a deadline), or the rank that
+  /// failed it (one that died, aborted or disagreed); empty when unknown. The flight recorder's
+  /// dump keeps it, and `kft-trace` follows these links from rank to rank to the one at fault.
+  std::vector<int> waiting_for;
 
   /// @brief A site that only knows its operation (e.g. "discover" before ranks are known).
   static error_site of(std::string op) {
@@ -84,6 +89,9 @@ class error : public std::runtime_error {
   std::optional<std::uint64_t> sequence() const noexcept { return site_.sequence; }
   /// @brief The backend's own error code (MPI, NCCL, CUDA, errno), 0 when none.
   int backend_code() const noexcept { return backend_code_; }
+  /// @brief The job ranks this rank was waiting for, or the one that failed the call
+  /// (`error_site::waiting_for`); empty when unknown.
+  const std::vector<int>& waiting_for() const noexcept { return site_.waiting_for; }
 
  private:
   static std::string format(const std::string& detail, const error_site& s) {

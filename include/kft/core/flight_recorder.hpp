@@ -16,10 +16,12 @@
 /// docs/flight-recorder.md has the numbers).
 ///
 /// The dump, `<dir>/rank<R>.jsonl` (R: the job's rank), is JSON lines: one line about the
-/// process (rank, world size, host, pid, why, when), then one line per recorded call, oldest
-/// first, group by group. It is written with async-signal-safe calls only (open, write,
+/// process (rank, world size, host, pid, why, when, and the last failure's error and the ranks
+/// it waited for), then, group by group, one line about the group (this rank's place in it, its
+/// size) and one line per recorded call, oldest first. It is written with async-signal-safe calls only (open, write,
 /// rename), so a fatal signal's handler can write it; a dump replaces the previous one
-/// atomically. A tool that reads every rank's file (issue 47 item 4) is not built yet.
+/// atomically. `kft-trace <dir>` reads every rank's file and names the rank at fault
+/// (tools/kft-trace, docs/flight-recorder.md).
 ///
 /// Settings (read by `make_process_group` through `group::trace_settings`): `KFT_TRACE_DIR` (where
 /// dumps go; unset: no dumps, the rings are still kept), `KFT_TRACE_ENTRIES` (ring size, 2048;
@@ -144,6 +146,17 @@ struct registry {
   char dir[512] = {0};       // where dumps go ("": none)
   char identity[512] = {0};  // "\"rank\":3,\"world_size\":8,\"host\":\"node1\"" (JSON members)
   int rank = -1;
+  // The last call of this process that failed (its error, the job ranks it waited for or was
+  // failed by), for the next dump: written by `note_failure` before `dump`, outside handlers.
+  char failure[1024] = {0};
+  std::array<int, 64> waiting_for{};
+  int waiting_n = 0;
+  // What a call in flight waits for now (job ranks), for a dump taken while it waits (SIGUSR1,
+  // or kftrun stopping the job): set by a transport's slow wait, cleared when it ends
+  // (`waiting_now`). Either a copy (`now_copy`) or a transport's own list (`now_list`).
+  std::array<int, 64> now_copy{};
+  std::atomic<const int*> now_list{nullptr};
+  std::atomic<int> now_n{0};
   std::atomic<int> dumping{0};
   std::atomic<bool> writing{false};
   std::int64_t ticks0 = ticks(), ns0 = now_ns();  // (a dump's second pair converts ticks to ns)
@@ -253,6 +266,15 @@ class recorder {
 
   /// @brief The group's name changed (a shrink or a join: "... (shrunk to 3 of 4 ranks)").
   void rename(std::string_view group) { detail::copy_text(group_, sizeof group_, group); }
+  /// @brief This rank's place in the group and the group's size, for the dump's group line (a
+  /// reader then knows how many ranks should have written one).
+  void place(int rank, int size) noexcept {
+    rank_ = rank;
+    size_ = size;
+  }
+  /// @brief The group's id in the dump (`group_id`): the same on every rank of the group, where
+  /// its name may not be (it says which host address a rank uses). Empty: the name.
+  void identify(std::string_view id) { detail::copy_text(id_, sizeof id_, id); }
 
   /// @brief Records a call issued now: `running` (a blocking call) or `queued` (asynchronous).
   /// One thread issues a group's calls (they are ordered), so the counter is not a read-modify-write.
@@ -321,11 +343,17 @@ class recorder {
   /// ns (`ns_per_tick` converts `ticks()`).
   void write_to(detail::writer& w, double ns_per_tick) const {
     const std::uint64_t n = recorded();
+    // The group's line: what a reader needs to know who else should have written this group.
+    const char* group_id = id_[0] ? id_ : group_;
+    w.text("{\"group\":\"").escaped(group_).text("\",\"group_id\":\"").escaped(group_id);
+    w.text("\",\"group_rank\":").number(rank_);
+    w.text(",\"group_size\":").number(size_).text(",\"recorded\":").number(static_cast<std::int64_t>(n));
+    w.text(",\"capacity\":").number(static_cast<std::int64_t>(ring_.size())).text("}\n");
     for (std::uint64_t id = n > ring_.size() ? n - ring_.size() + 1 : 1; id <= n; ++id) {
       const entry& e = ring_[static_cast<std::size_t>((id - 1) & mask_)];
       if (e.id.load(std::memory_order_acquire) != id) continue;  // (being rewritten)
       const bool ns = e.ns_times.load(std::memory_order_relaxed);
-      w.text("{\"group\":\"").escaped(group_).text("\",\"generation\":").number(e.generation);
+      w.text("{\"group_id\":\"").escaped(group_id).text("\",\"generation\":").number(e.generation);
       w.text(",\"id\":").number(static_cast<std::int64_t>(id)).text(",\"seq\":").number(static_cast<std::int64_t>(e.seq));
       w.text(",\"op\":\"").text(kft::name(e.op)).text("\",\"dtype\":\"").text(kft::name(e.type));
       w.text("\",\"count\":").number(static_cast<std::int64_t>(e.count)).text(",\"root\":").number(e.root);
@@ -355,6 +383,8 @@ class recorder {
   std::uint32_t stride_ = 1, since_ = 0;  // calls per reading; calls since the last one
   std::atomic<std::uint64_t> next_{0};
   char group_[256] = {0};
+  int rank_ = -1, size_ = -1;  // this rank's place in the group, the group's size (place)
+  char id_[64] = {0};          // the group's id on every rank (identify); "": its name
   std::atomic<recorder*>* slot_ = nullptr;
 };
 
@@ -418,7 +448,25 @@ inline bool dump(const char* why) noexcept {
     ::clock_gettime(CLOCK_REALTIME, &real);
     w.text("{\"kft_trace\":1,").text(r.identity).text(",\"pid\":").number(::getpid());
     w.text(",\"why\":\"").escaped(why).text("\",\"now_ns\":").number(now_ns());
-    w.text(",\"unix_ms\":").number(static_cast<std::int64_t>(real.tv_sec) * 1000 + real.tv_nsec / 1000000).text("}\n");
+    w.text(",\"unix_ms\":").number(static_cast<std::int64_t>(real.tv_sec) * 1000 + real.tv_nsec / 1000000);
+    if (const int k = r.now_n.load(std::memory_order_acquire); k > 0) {
+      const int* list = r.now_list.load(std::memory_order_acquire);
+      w.text(",\"waiting_now\":[");
+      for (int i = 0; i < k && list; ++i) {
+        if (i) w.text(",");
+        w.number(list[i]);
+      }
+      w.text("]");
+    }
+    if (r.failure[0] != '\0') {
+      w.text(",\"error\":\"").escaped(r.failure).text("\",\"waiting_for\":[");
+      for (int i = 0; i < r.waiting_n; ++i) {
+        if (i) w.text(",");
+        w.number(r.waiting_for[static_cast<std::size_t>(i)]);
+      }
+      w.text("]");
+    }
+    w.text("}\n");
     const std::int64_t t1 = ticks(), n1 = now_ns();
     const double ns_per_tick =
         t1 > r.ticks0 + 1000 ? static_cast<double>(n1 - r.ns0) / static_cast<double>(t1 - r.ticks0) : 1.0;
@@ -430,6 +478,56 @@ inline bool dump(const char* why) noexcept {
   if (!ok) ::unlink(tmp);
   return ok;
 }
+
+/// @brief Keeps a failed call's error (`what`) and the job ranks it waited for or was failed by
+/// (`kft::error::waiting_for`) for the dumps that follow: their first line carries them as
+/// `error` and `waiting_for`, and `kft-trace` follows the links from rank to rank. Not for a
+/// signal handler (a dump of a failure calls it first, then `dump`).
+inline void note_failure(std::string_view what, const std::vector<int>& waiting_for) noexcept {
+  auto& r = detail::the_registry();
+  detail::copy_text(r.failure, sizeof r.failure, what);
+  r.waiting_n = static_cast<int>(std::min(waiting_for.size(), r.waiting_for.size()));
+  std::copy_n(waiting_for.begin(), r.waiting_n, r.waiting_for.begin());
+}
+
+/// @brief While it lives, a dump says this thread's call waits for `ranks` (job ranks): a
+/// transport's wait sets it when it turns slow (not per call) and it is cleared when the wait
+/// ends, so a dump taken meanwhile (SIGUSR1, or kftrun stopping a failed job) shows whom each
+/// rank waited for, and `kft-trace` follows the chain. The process keeps one such note (the
+/// last wait to set it).
+class waiting_now {
+ public:
+  waiting_now() = default;
+  waiting_now(const waiting_now&) = delete;
+  waiting_now& operator=(const waiting_now&) = delete;
+  ~waiting_now() { clear(); }
+  /// Copies `ranks` (at most 64): for a list the caller rebuilds.
+  void set(const std::vector<int>& ranks) noexcept {
+    auto& r = detail::the_registry();
+    r.now_n.store(0, std::memory_order_release);
+    const int n = static_cast<int>(std::min(ranks.size(), r.now_copy.size()));
+    std::copy_n(ranks.begin(), n, r.now_copy.begin());
+    r.now_list.store(r.now_copy.data(), std::memory_order_release);
+    r.now_n.store(n, std::memory_order_release);
+    set_ = true;
+  }
+  /// Points at `ranks` (kept alive by the caller until this ends): for a fixed list, no copy.
+  void point(const int* ranks, int n) noexcept {
+    auto& r = detail::the_registry();
+    r.now_n.store(0, std::memory_order_release);
+    r.now_list.store(ranks, std::memory_order_release);
+    r.now_n.store(std::min(n, 64), std::memory_order_release);
+    set_ = true;
+  }
+  void clear() noexcept {
+    if (!set_) return;
+    detail::the_registry().now_n.store(0, std::memory_order_release);
+    set_ = false;
+  }
+
+ private:
+  bool set_ = false;
+};
 
 namespace detail {
 inline void on_signal(int sig) {

@@ -29,6 +29,7 @@
 /// `KFT_TRACE_ENTRIES` and `KFT_TRACE_DIR` (the flight recorder).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -87,7 +88,11 @@ inline process_group make_process_group(const world_info& w, std::shared_ptr<ren
   const auto traced = trace_settings(env);
   trace::configure(traced, w.rank, w.world_size, env.get("KFT_HOST_ID").value_or(w.hostname));
   auto pg = detail::make_untraced(w, std::move(store), std::move(o), env);
-  pg.record(traced);
+  // (its id in the dumps: "job", then "job#2", ... for further groups this process makes: the
+  // ranks make them in the same order)
+  static std::atomic<int> made{0};
+  const int n = ++made;
+  pg.record(traced, n == 1 ? std::string("job") : "job#" + std::to_string(n));
   return pg;
 }
 

@@ -113,10 +113,16 @@ class process_group : public typed_collectives<process_group> {
   /// @brief Keeps a flight recorder of this group's last `s.entries` calls (none when 0):
   /// kft/core/flight_recorder.hpp. `make_process_group` does it from `KFT_TRACE_ENTRIES`; its
   /// dumps go where `trace::configure` said (`KFT_TRACE_DIR`).
-  void record(const trace::settings& s) {
+  /// `id`: the group's name in the dumps, the same on every rank ("": its description, which
+  /// may differ between hosts).
+  void record(const trace::settings& s, std::string_view id = {}) {
     rec_.reset();
     trace_generation_ = static_cast<std::uint32_t>(generation());
-    if (s.entries) rec_ = std::make_unique<trace::recorder>(what_, s.entries);
+    if (s.entries) {
+      rec_ = std::make_unique<trace::recorder>(what_, s.entries);
+      rec_->place(rank(), size());
+      rec_->identify(id);
+    }
   }
   /// @brief This group's flight recorder, or nullptr.
   const trace::recorder* recorder() const noexcept { return rec_.get(); }
@@ -349,7 +355,10 @@ class process_group : public typed_collectives<process_group> {
     what_ += std::string(" (") + how + " to " + std::to_string(m.size()) + " of " + std::to_string(founding_) +
              " ranks: " + m.describe() + ", generation " + std::to_string(m.generation) + ")";
     trace_generation_ = static_cast<std::uint32_t>(generation());
-    if (rec_) rec_->rename(what_);
+    if (rec_) {
+      rec_->rename(what_);
+      rec_->place(m.rank, m.size());
+    }
   }
 
   // The flight recorder's side of a call: recorded as it is issued, ended as it returns; a
@@ -360,14 +369,20 @@ class process_group : public typed_collectives<process_group> {
   }
   static void failed_trace(const trace::slot_ref& r, const std::exception_ptr& e) noexcept {
     trace::recorder::end(r, false);
+    const auto dump = [](const kft::error& err, const char* why) {
+      trace::note_failure(err.what(), err.waiting_for());
+      trace::dump(why);
+    };
     try {
       std::rethrow_exception(e);
-    } catch (const timeout_error&) {
-      trace::dump("deadline");
-    } catch (const remote_error&) {
-      trace::dump("a peer failed");
-    } catch (const transport_error&) {
-      trace::dump("a connection failed");
+    } catch (const timeout_error& err) {
+      dump(err, "deadline");
+    } catch (const remote_error& err) {
+      dump(err, "a peer failed");
+    } catch (const transport_error& err) {
+      dump(err, "a connection failed");
+    } catch (const mismatch_error& err) {
+      dump(err, "mismatch");
     } catch (...) {
     }
   }

@@ -49,6 +49,7 @@ struct findings {
   std::string text;     // "; the rank that recorded no failure within 2 s ...: rank 2 (host c)"
   std::string aborted;  // "rank 3 (host b) aborted the communicator: reason" when a rank aborted
   std::vector<int> silent;  // the members that recorded nothing within the grace (none when one aborted)
+  int aborter = -1;         // the member that aborted the communicator, -1 when none
 };
 
 /// @brief Records this rank's failure of `op` #`seq` (`what`) and reads the others' records
@@ -104,6 +105,7 @@ inline findings compare_notes(std::shared_ptr<rendezvous::store> store, int me, 
       if (auto a = st->try_get(abort_key)) {
         const auto sp = a->find(' ');
         aborter = std::stoi(a->substr(0, sp));
+        if (aborter >= 0 && aborter < n) f.aborter = aborter;
         f.aborted = (aborter >= 0 && aborter < n ? name_of(aborter) : "rank ?") + " aborted the communicator: " +
                     (sp == std::string::npos ? "" : a->substr(sp + 1));
         return done->set_value(std::move(f));

@@ -31,6 +31,7 @@
 #include <kft/core/collective.hpp>
 #include <kft/core/dtype.hpp>
 #include <kft/core/error.hpp>
+#include <kft/core/flight_recorder.hpp>
 #include <kft/core/ops.hpp>
 #include <kft/kernels/reduce.hpp>
 #include <kft/rendezvous/store.hpp>
@@ -117,6 +118,7 @@ struct state {
   int rank = 0, size = 0;
   std::uint64_t issued = 0;
   std::vector<int> world_of;       // job rank of each member
+  std::vector<int> others_world;   // the other members' job ranks (what a Gloo call waits for)
   std::vector<std::string> host_of;  // host of each member
   std::vector<std::string> address_of;  // where Gloo's messages say each member's pair is ("[ip]:port")
   std::vector<int> lost;             // members this rank found gone (fail(); guarded by stop_mu)
@@ -173,6 +175,8 @@ struct state {
       }
     }
     ctx = std::move(mesh);
+    for (int m = 0; m < size; ++m)
+      if (m != rank) others_world.push_back(world_of[static_cast<std::size_t>(m)]);
   }
 
   int world(int r) const { return r >= 0 && r < static_cast<int>(world_of.size()) ? world_of[static_cast<std::size_t>(r)] : r; }
@@ -267,19 +271,28 @@ struct state {
     const auto notes = compare_notes(store, rank, size, op, seq, what, grace, world_of, host_of);
     if (grace < cfg.report_grace) note_lost(what, notes.silent);
     const std::string shape = " (" + std::to_string(count) + " x " + std::string(kft::name(t)) + ")";
+    // (the ranks this one waited for, as job ranks: the aborter, else those that recorded nothing)
+    auto at = site(op, seq);
+    if (notes.aborter >= 0) at.waiting_for.push_back(world(notes.aborter));
+    else
+      for (int m : notes.silent) at.waiting_for.push_back(world(m));
     if (!notes.aborted.empty())
-      throw remote_error(op + shape + " stopped: " + notes.aborted, site(op, seq));
+      throw remote_error(op + shape + " stopped: " + notes.aborted, at);
     if (what.find("Timed out") != std::string::npos)
       throw timeout_error(op + shape + " timed out after " + kft::detail::describe_duration(timeout) + " (Gloo: " + what +
                               ")" + notes.text,
-                          site(op, seq));
-    throw transport_error(op + shape + " failed: " + what + notes.text, site(op, seq));
+                          at);
+    throw transport_error(op + shape + " failed: " + what + notes.text, at);
   }
 
   // Runs one Gloo call `f` of collective `c` #`seq`; what Gloo throws becomes `fail`'s error.
   template <class F>
   void guarded(collective c, std::uint64_t seq, std::size_t count, dtype t, std::chrono::milliseconds timeout, F&& f) {
     const sigpipe_blocked quiet;  // a peer gone mid-write is an EPIPE error here, not the process's end
+    // (a dump taken meanwhile says this rank waits in Gloo for the other members: Gloo does not
+    // say which one a call is blocked on)
+    trace::waiting_now waits;
+    if (!others_world.empty()) waits.point(others_world.data(), static_cast<int>(others_world.size()));
     try {
       f();
     } catch (const ::gloo::Exception& e) {

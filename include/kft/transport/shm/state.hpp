@@ -30,6 +30,7 @@
 #include <vector>
 
 #include <kft/core/backoff.hpp>
+#include <kft/core/flight_recorder.hpp>
 #include <kft/core/futex.hpp>
 #include <kft/core/collective.hpp>
 #include <kft/core/deadline.hpp>
@@ -237,6 +238,18 @@ struct state {
   error_site site(const std::string& op, std::uint64_t sequence) const {
     return error_site::in(cfg.identity, me, p, op, sequence);
   }
+  // The same, naming the ranks (communicator ranks, given as job ranks) this rank waited for or
+  // that failed its call: the flight recorder's dump keeps them (kft-trace follows them).
+  error_site site(const std::string& op, std::uint64_t sequence, const std::vector<int>& peers) const {
+    auto s = site(op, sequence);
+    for (int r : peers)
+      if (r >= 0) s.waiting_for.push_back(job_rank_of(r));
+    return s;
+  }
+  int job_rank_of(int r) const {
+    if (r < 0 || r >= p || cfg.identity.world_size < 0 || cfg.identity.world_size == p) return r;
+    return ctrl[r].world_rank.load(std::memory_order_relaxed);
+  }
 
   static bool valid(const detail::signature& g) { return g.coll < 5 && g.type < 7 && g.op < 5 && g.algorithm < 3; }
 
@@ -392,6 +405,8 @@ struct state {
                                : backoff(std::chrono::microseconds(500));
     auto next_liveness = std::chrono::steady_clock::time_point::max();
     std::chrono::milliseconds extended{0};  // granted once: the ranks waited for were inside other calls
+    trace::waiting_now waits;  // (a dump meanwhile says whom this slow wait waits for)
+    auto next_note = std::chrono::steady_clock::time_point{};
     for (std::uint32_t spin = 0;; ++spin) {
       bool all = true;
       for (int r = 0; r < p && all; ++r)
@@ -402,7 +417,7 @@ struct state {
         stop.set(who(by) + " stopped the group");
         throw remote_error(who(by) + " stopped the group: " + std::string(hdr->abort_reason),
                            site(current ? std::string(name(static_cast<collective>(current->coll))) : "shm init",
-                                current ? current->seq : 0));
+                                current ? current->seq : 0, {by}));
       }
       if (b.sleeps_next()) {  // sleep until a peer publishes (or the sleep's bound)
         hdr->sleepers.fetch_add(1, std::memory_order_seq_cst);
@@ -421,6 +436,13 @@ struct state {
       // The call's deadline is set by its first slow poll; liveness is looked at by every wait
       // of the call, including waits of later phases that start with the deadline already set.
       if (deadline == std::chrono::steady_clock::time_point{}) deadline = now + timeout;
+      if (now >= next_note) {
+        next_note = now + 100ms;
+        std::vector<int> missing;
+        for (int r = 0; r < p; ++r)
+          if (r != me && value_of(r) < target) missing.push_back(job_rank_of(r));
+        waits.set(missing);
+      }
       if (next_liveness == std::chrono::steady_clock::time_point::max()) next_liveness = now + 50ms;
       if (now >= next_liveness) {
         next_liveness = now + 100ms;
@@ -430,7 +452,7 @@ struct state {
                                   ") died" + (current ? " during " + describe(*current) : std::string(" during set-up")) +
                                   ": its process is gone",
                               site(current ? std::string(name(static_cast<collective>(current->coll))) : "shm init",
-                                   current ? current->seq : 0)));
+                                   current ? current->seq : 0, {r})));
       }
       if (now >= deadline) {
         // A rank waited for that is itself inside another communicator's call (the inter-node
@@ -438,10 +460,12 @@ struct state {
         // deadline and aborts this group with an error naming the rank it waited for. Wait that
         // long once, so that error, not this wait's, reaches this rank.
         std::string missing;
+        std::vector<int> waited;
         std::chrono::milliseconds more{0};
         bool all_outside = true;
         for (int r = 0; r < p; ++r) {
           if (r == me || value_of(r) >= target) continue;
+          waited.push_back(r);
           // A stopped process ends no call by itself: it is the end of the chain.
           const bool halted = stopped(r);
           const auto out = halted ? std::nullopt : outside_of(r);
@@ -465,7 +489,7 @@ struct state {
                                                  : std::string()) +
                                " in " + phase + " waiting for rank(s) " + missing,
                            site(current ? std::string(name(static_cast<collective>(current->coll))) : "shm init",
-                                current ? current->seq : 0)));
+                                current ? current->seq : 0, waited)));
       }
     }
   }
@@ -485,7 +509,7 @@ struct state {
     if (hdr->aborted.load(std::memory_order_acquire)) {
       stop.set(hdr->abort_reason);
       throw remote_error(who(hdr->abort_rank.load()) + " stopped the group: " + std::string(hdr->abort_reason),
-                         site(std::string(name(c)), seq));
+                         site(std::string(name(c)), seq, {hdr->abort_rank.load()}));
     }
     call k;
     k.sig.seq = seq;  // numbered by the communicator when the call was issued
@@ -538,7 +562,7 @@ struct state {
       if (!(theirs == k.sig))
         fail(mismatch_error(who(r) + " is at " + describe(theirs) + ", rank " +
                                 std::to_string(me) + " at " + describe(k.sig),
-                            site(std::string(name(static_cast<collective>(k.sig.coll))), k.sig.seq)));
+                            site(std::string(name(static_cast<collective>(k.sig.coll))), k.sig.seq, {r})));
     }
   }
 
