@@ -23,6 +23,7 @@
 #include <kft/core/error.hpp>
 #include <kft/core/namespace.hpp>
 #include <kft/ddp/model.hpp>
+#include <kft/ddp/stragglers.hpp>
 
 KFT_NAMESPACE_BEGIN
 namespace ddp {
@@ -98,6 +99,7 @@ struct fit_summary {
   int zero_stage = 0;
   std::uint64_t skipped_steps = 0;  ///< loss scaling: steps skipped because a gradient overflowed
   double loss_scale = 0.0;          ///< loss scaling: the scale at the end (0: no loss scaling)
+  std::uint64_t stragglers = 0;     ///< times a rank was named a straggler (trainer_options::stragglers)
 };
 
 /// @brief Told what a run does, on every rank (a checkpoint: on the rank that wrote it); every
@@ -112,6 +114,8 @@ class observer {
   /// On the rank that wrote it (rank 0).
   virtual void on_checkpoint(std::uint64_t /*step*/, const std::string& /*file*/, std::size_t /*bytes*/) {}
   virtual void on_note(const std::string&) {}  ///< resumes, skipped files: one line of words
+  /// A rank started straggling, or recovered (stragglers.hpp): the same event on every rank.
+  virtual void on_straggler(const straggler_event&) {}
   virtual void on_summary(const fit_summary&) {}
 };
 
@@ -211,6 +215,26 @@ class console_report : public observer {
         "\",\"bytes\":" + std::to_string(bytes) + "}");
   }
 
+  /// Rank 0 says it on stderr, also when quiet (a slow rank costs every rank its time), after
+  /// clearing a live progress line; the JSON log gets a "straggler" or "straggler_recovered" record.
+  void on_straggler(const straggler_event& s) override {
+    if (!on_) return;
+    const std::string who = "rank " + std::to_string(s.rank) + (s.host.empty() ? std::string() : " (" + s.host + ")");
+    const std::string pct = num(100.0 * s.excess, 1);
+    const std::string line =
+        s.recovered ? who + " is no longer a straggler: " + num(s.seconds * 1e3, 3) + " ms of work per step against the others' median " +
+                          num(s.median * 1e3, 3) + " ms (" + (s.excess >= 0 ? "+" : "") + pct + "%)"
+                    : who + " is a straggler: " + num(s.seconds * 1e3, 3) + " ms of work per step against the others' median " +
+                          num(s.median * 1e3, 3) + " ms (+" + pct + "%)";
+    if (tty_ && !quiet_) std::fprintf(stderr, "\r%*s\r", 120, "");
+    std::fprintf(stderr, "kft: step %llu: %s\n", static_cast<unsigned long long>(s.step), line.c_str());
+    std::fflush(stderr);
+    log(std::string("{\"event\":\"") + (s.recovered ? "straggler_recovered" : "straggler") + "\",\"step\":" +
+        std::to_string(s.step) + ",\"rank\":" + std::to_string(s.rank) + ",\"ranks\":" + std::to_string(s.ranks) +
+        ",\"host\":\"" + s.host + "\",\"seconds_per_step\":" + num(s.seconds, 6) + ",\"median_seconds_per_step\":" +
+        num(s.median, 6) + ",\"excess\":" + num(s.excess) + "}");
+  }
+
   void on_epoch(const epoch_point& e) override {
     if (!on_) return;
     const double comm = e.seconds > 0 ? 100.0 * e.exposed_comm_seconds / e.seconds : 0.0;
@@ -255,6 +279,7 @@ class console_report : public observer {
                                         num(*s.epoch_to_target, 2) + ")"
                                   : ", target " + s.target + " not reached";
     if (s.stopped_at_target) line += ", stopped there";
+    if (s.stragglers) line += ", " + std::to_string(s.stragglers) + " straggler(s) named";
     if (s.weak_scaling_efficiency > 0) line += ", weak-scaling efficiency vs 1 rank " + num(100.0 * s.weak_scaling_efficiency, 0) + "%";
     std::fprintf(stdout, "%s\n", line.c_str());
     std::fflush(stdout);
@@ -270,6 +295,7 @@ class console_report : public observer {
         ",\"optimizer_seconds\":" + num(s.optimizer_seconds) + ",\"optimizer_state_bytes\":" +
         std::to_string(s.optimizer_state_bytes) + ",\"zero_stage\":" + std::to_string(s.zero_stage) +
         ",\"skipped_steps\":" + std::to_string(s.skipped_steps) + ",\"loss_scale\":" + num(s.loss_scale, 1) +
+        ",\"stragglers\":" + std::to_string(s.stragglers) +
         ",\"parameters_hash\":\"" + std::to_string(s.parameters_hash) + "\"}");
   }
 

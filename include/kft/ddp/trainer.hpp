@@ -53,6 +53,11 @@
 ///  - **reporting** beside the trainer (report.hpp): observers told of the start, each step,
 ///    each evaluation and epoch, and the summary; the default one prints on rank 0 (a live
 ///    line on a terminal, a table of epochs, `quiet`, a JSON-lines log).
+///  - **stragglers** (stragglers.hpp): each rank's own work per step (its step less the time
+///    blocked in the step's collectives) is summed over windows of `stragglers.every` steps
+///    and allgathered (one allgather of two f64 per rank per window); a rank `threshold` above
+///    the others' median for `sustain` windows is named on rank 0's console and JSON log and to
+///    every observer (`on_straggler`), once, and once again when it recovers.
 #pragma once
 
 #include <algorithm>
@@ -85,6 +90,7 @@
 #include <kft/ddp/reducer.hpp>
 #include <kft/ddp/schedule.hpp>
 #include <kft/ddp/report.hpp>
+#include <kft/ddp/stragglers.hpp>
 #include <kft/ddp/sampler.hpp>
 #include <kft/ddp/zero.hpp>
 #include <kft/group/process_group.hpp>
@@ -203,6 +209,9 @@ struct trainer_options {
   int threads = 0;                       ///< compute threads per rank, for the report (0: not reported)
   double baseline_samples_per_s = 0.0;   ///< one rank's rate, for the weak-scaling efficiency
   std::string label;                     ///< what is trained, for the banner
+  /// Naming a slow rank (stragglers.hpp): windows of `every` steps (0: off), `threshold` above
+  /// the other ranks' median work per step, `sustain` windows in a row.
+  straggler_options stragglers;
   /// Told what the run does (report.hpp), besides the default console report; they outlive the trainer.
   std::vector<observer*> observers;
 };
@@ -282,6 +291,12 @@ class trainer {
                             "1: ZeRO stage 1)",
                         site("ddp trainer"));
     if (o_.shrink_store) refuse_unshrinkable();
+    try {
+      strag_ = straggler_detector(o_.stragglers);
+    } catch (const usage_error& e) {
+      throw usage_error(e.detail(), site("ddp trainer"));
+    }
+    restart_straggler_windows();
     set_up_metrics();
     console_.emplace(g_.rank(), g_.size(), o_.quiet, o_.log_json);
     observers_.push_back(&*console_);
@@ -355,6 +370,9 @@ class trainer {
   double exposed_comm_seconds() const noexcept { return comm_s_; }
   /// @brief Seconds spent in the optimizer's update loops so far (this rank's shard with ZeRO-1).
   double optimizer_seconds() const noexcept { return opt_s_; }
+  /// @brief The straggler detection (trainer_options::stragglers): who stands named, the last
+  /// window's verdicts.
+  const straggler_detector& stragglers() const noexcept { return strag_; }
   /// @brief The optimizer state this rank holds, in bytes (with ZeRO-1 about 1/N of the whole).
   std::size_t optimizer_state_bytes() {
     if constexpr (requires { opt_.state_bytes(); }) return opt_.state_bytes();  // a device optimizer's
@@ -513,7 +531,9 @@ class trainer {
         if (o_.shrink_store && data.next(o_.global_batch)) admit_joiners();  // (a step follows: they join at it)
         const auto position = data.state();  // (a few integers: where a redone step starts)
         const std::uint64_t step_before = step_;
+        const auto t_data = clk::now();
         if (!gather_micro_batches()) break;
+        work_s_ += seconds(t_data, clk::now());  // (reading this rank's share is its own work)
         try {
           const stats st = run_step();
           after_step();
@@ -602,6 +622,7 @@ class trainer {
     sum.zero_stage = o_.zero_stage;
     sum.skipped_steps = scaler_.skipped();
     sum.loss_scale = scaler_.on() ? scaler_.scale() : 0.0;
+    sum.stragglers = stragglers_named_;
     tell([&](observer& x) { x.on_summary(sum); });
     // KFT_TIMELINE: written now (a job that dies later still leaves this fit's trace); a failure
     // to write is said, not thrown: the training itself is done.
@@ -786,6 +807,8 @@ class trainer {
 
   // One optimizer step over micro_ (this rank's micro-batches or deterministic shards).
   stats run_step() {
+    const auto t0 = clk::now();
+    const double blocked0 = comm_s_ + blocked_s_;
     stats s = ms_.empty();
     std::uint64_t bad = 0;
     overflow_ = 0;
@@ -799,6 +822,9 @@ class trainer {
     }
     if (!overflowed(overflow_ranks)) apply(contributions);
     ++step_;
+    // This rank's own work in the step: all of it but the time blocked in its collectives.
+    work_s_ += seconds(t0, clk::now()) - (comm_s_ + blocked_s_ - blocked0);
+    ++work_steps_;
     return s;
   }
 
@@ -1010,7 +1036,9 @@ class trainer {
       abort_all(why);
       throw numerics_error(why, site("ddp step", step_ + 1));
     }
+    const auto tg = clk::now();
     zero_->gather_parameters(g_, mw_.optimizer_tensors());
+    blocked_s_ += seconds(tg, clk::now());
     mw_.round();
   }
 
@@ -1246,6 +1274,7 @@ class trainer {
                      "wrapping, as DistributedSampler pads, so a few samples are seen twice an epoch (a global batch "
                      "divisible by the sizes the job may shrink to, or deterministic mode, sees each exactly once)\n",
                      static_cast<unsigned long long>(o_.global_batch), m.size());
+      restart_straggler_windows();
       verify_replicas("a shrink");
       // This rank finished a checkpoint phase and failed in the next one: rank 0 wrote the file
       // after the phase's collectives, unless the rank writing it was lost (no file, or a
@@ -1353,12 +1382,52 @@ class trainer {
       note("joined the running group at step " + std::to_string(step_) + " (epoch " + std::to_string(epoch_ + 1) +
            ", sample " + std::to_string(pos[2]) + "): state from rank " + std::to_string(root));
     }
+    restart_straggler_windows();
     verify_replicas(newcomer ? "a join (newcomer)" : "a join");
     return root;
   }
 
   void after_step() {
     if (o_.verify_every && step_ % o_.verify_every == 0) verify_replicas("a periodic check");
+    if (o_.stragglers.every && step_ % o_.stragglers.every == 0) exchange_work();
+  }
+
+  // ---- stragglers (stragglers.hpp) ----
+  // Every `stragglers.every` steps, in the step (a rank lost in it is survived as the step's
+  // replica check is): the ranks allgather their work sums and steps, and every rank runs the
+  // same detection on the same bytes. The first window of a membership also gathers the hosts.
+  void exchange_work() {
+    const int n = c_.size();
+    if (n < 2) return;  // (nobody to compare with; the same on every rank)
+    const auto un = static_cast<std::size_t>(n);
+    if (!hosts_sent_) {
+      constexpr std::size_t len = 64;
+      std::string mine = straggler_detector::this_host();
+      mine.resize(len, '\0');
+      std::string all(len * un, '\0');
+      c_.allgather(mine.data(), all.data(), len, dtype::u8, options{});
+      for (std::size_t r = 0; r < un; ++r) strag_.set_host(static_cast<int>(r), all.substr(r * len, len).c_str());
+      hosts_sent_ = true;
+    }
+    const double mine[2] = {work_s_, static_cast<double>(work_steps_)};
+    work_all_.resize(2 * un);
+    c_.allgather(mine, work_all_.data(), 2, dtype::f64, options{});
+    work_s_ = 0.0;
+    work_steps_ = 0;
+    work_sums_.resize(un);
+    work_counts_.resize(un);
+    for (std::size_t r = 0; r < un; ++r) work_sums_[r] = work_all_[2 * r], work_counts_[r] = work_all_[2 * r + 1];
+    for (const auto& e : strag_.window(step_, work_sums_, work_counts_)) {
+      stragglers_named_ += !e.recovered;
+      tell([&](observer& x) { x.on_straggler(e); });
+    }
+  }
+  // A new membership (the start, a shrink, a join): the windows start again.
+  void restart_straggler_windows() {
+    strag_.reset(g_.size());
+    work_s_ = 0.0;
+    work_steps_ = 0;
+    hosts_sent_ = false;
   }
 
   void broadcast_state(int root = 0) {
@@ -1667,6 +1736,13 @@ class trainer {
   std::uint64_t overflow_ = 0;
   std::optional<console_report> console_;
   std::vector<observer*> observers_;     // console_ first, then trainer_options::observers
+  // Stragglers: this rank's work in the current window (seconds, steps), the time blocked in a
+  // step's collectives besides finish() (ZeRO-1's allgather), the exchange's buffers.
+  straggler_detector strag_;
+  double work_s_ = 0.0, blocked_s_ = 0.0;
+  std::uint64_t work_steps_ = 0, stragglers_named_ = 0;
+  bool hosts_sent_ = false;
+  std::vector<double> work_all_, work_sums_, work_counts_;
 };
 
 }  // namespace ddp
