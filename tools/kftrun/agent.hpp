@@ -40,6 +40,7 @@
 #include <kft/rendezvous/tcp_store.hpp>
 
 #include "exit_codes.hpp"
+#include "status.hpp"
 #include "workers.hpp"
 
 namespace kftrun {
@@ -84,6 +85,8 @@ struct options {
 
 /// Set by SIGINT/SIGTERM/SIGHUP handlers.
 inline std::atomic<int> g_signal{0};
+/// Set by the SIGUSR1 handler: print the job's live status (status.hpp).
+inline std::atomic<bool> g_status{false};
 
 /// A parsed failure record.
 struct failure {
@@ -147,9 +150,26 @@ inline int free_port(const std::string& host, std::chrono::milliseconds resolve_
 class agent {
  public:
   explicit agent(options opt) : opt_(std::move(opt)), host_(hostname()) {}
+  ~agent() {
+    std::error_code ec;
+    if (!status_dir_.empty()) std::filesystem::remove_all(status_dir_, ec);
+  }
+  agent(const agent&) = delete;
+  agent& operator=(const agent&) = delete;
 
   /// Runs the job; returns kftrun's exit status.
   int run() {
+    // Where the workers answer the live status (KFT_STATUS_DIR; status.hpp): private to this agent.
+    {
+      const auto d = std::filesystem::temp_directory_path() / ("kftrun-" + std::to_string(::getpid()));
+      std::error_code ec;
+      if (std::filesystem::create_directory(d, ec) || std::filesystem::is_directory(d, ec)) {
+        std::filesystem::permissions(d, std::filesystem::perms::owner_all, ec);
+        status_dir_ = d;
+      } else {
+        log(kft::log::level::warn, "no live status: cannot make " + d.string() + ": " + ec.message());
+      }
+    }
     std::unique_ptr<rdzv::tcp_store_server> server;
     if (opt_.node_rank == 0) {
       rdzv::tcp_store_server::options serve{opt_.master_addr, opt_.master_port, opt_.token,
@@ -632,6 +652,13 @@ class agent {
                                                {"code", std::to_string(worker_failure_class(cause, !why.empty()))},
                                                {"what", why.empty() ? cause.describe() : why}}));
       }
+      if (g_status.exchange(false)) {
+        try {
+          answer_status(group, m, true);
+        } catch (const kft::error& e) {
+          log(kft::log::level::warn, "the live status could not be gathered: " + kft_message(e));
+        }
+      }
       if (const int sig = g_signal.load()) {
         report_failure(attempt, failure::make({{"node", std::to_string(opt_.node_rank)},
                                                {"host", host_},
@@ -696,6 +723,9 @@ class agent {
           }
           check_stopped_workers(attempt, group, stopped_since, now);
           check_peers(attempt, m, beats, seen_alive, /*heartbeats=*/true);
+          // A live status asked for by another agent or `kftrun status`: answer with this node's.
+          if (auto req = store_->try_get("status/req"); req && std::stoll(*req) > status_answered_)
+            answer_status(group, m, false, std::stoll(*req));
         }
       } catch (const kft::error& e) {
         out.fatal = true;
@@ -705,6 +735,39 @@ class agent {
         return out;
       }
     }
+  }
+
+  // The live status (status.hpp). `asked_here` (SIGUSR1): a new request; this node's workers
+  // answer, the other agents at their next heartbeat, and the job's status is printed on
+  // standard output as one JSON line. Else: request `request` from elsewhere, answered into
+  // the store.
+  void answer_status(const worker_group& group, const membership& m, bool asked_here, std::int64_t request = 0) {
+    const auto t0 = clock::now();
+    const bool alone = m.ids.size() <= 1;
+    if (asked_here && !alone) request = store_->add("status/req", 1);
+    status_answered_ = std::max(status_answered_, request);
+    auto mine = status::ask_workers(group.members(), status_dir_.string(), opt_.node_rank, host_, 500ms);
+    if (!alone) store_->set("status/" + std::to_string(request) + "/" + std::to_string(opt_.node_rank), mine.dump());
+    if (!asked_here) return;
+    std::vector<std::pair<int, status::json>> answers{{opt_.node_rank, std::move(mine)}};
+    std::vector<int> missing;
+    for (int n : m.ids)
+      if (n != opt_.node_rank && !lost_nodes_.count(n)) missing.push_back(n);
+    // (the others answer at their next heartbeat: at most a fifth of --heartbeat-timeout, 500 ms)
+    const auto until = clock::now() + std::min<std::chrono::milliseconds>(opt_.heartbeat_timeout / 5, 500ms) + 1500ms;
+    while (!missing.empty() && clock::now() < until) {
+      std::erase_if(missing, [&](int n) {
+        auto v = store_->try_get("status/" + std::to_string(request) + "/" + std::to_string(n));
+        if (!v) return false;
+        answers.emplace_back(n, status::json::parse(*v, nullptr, false));
+        return true;
+      });
+      if (!missing.empty()) std::this_thread::sleep_for(20ms);
+    }
+    const double took = std::chrono::duration<double>(clock::now() - t0).count();
+    const auto line = status::merge(opt_.run_id, request, answers, missing, took).dump() + "\n";
+    std::fwrite(line.data(), 1, line.size(), stdout);
+    std::fflush(stdout);
   }
 
   // r<a>/alive/<n>, bound to this agent's connection: if this process ends, the key goes with it.
@@ -944,6 +1007,7 @@ class agent {
     set("KFT_STORE_PORT", std::to_string(opt_.master_port));
     set("KFT_STORE_PREFIX", "kftrun/" + opt_.run_id + "/r" + std::to_string(attempt) + "/user/");
     set("KFT_RDZV_TOKEN", opt_.token);
+    if (!status_dir_.empty()) set("KFT_STATUS_DIR", status_dir_.string());
     const auto ms = opt_.job_timeout.count();
     set("KFT_TIMEOUT", ms % 1000 == 0 ? std::to_string(ms / 1000) + "s" : std::to_string(ms) + "ms");
     set("KFT_ON_FAILURE", opt_.heal ? "heal" : opt_.keep_going ? "continue" : "stop");  // whether a program may shrink and go on
@@ -961,7 +1025,9 @@ class agent {
   std::shared_ptr<rdzv::store> store_;
   std::shared_ptr<rdzv::tcp_store> client_;  // store_'s connection (for set_owned)
   std::uint64_t waits_ = 0;  // the rendezvous' waits on the store (slices of wait_or_signal), counted apart
-  std::string prefix_;                       // store_'s prefix
+  std::string prefix_;
+  std::filesystem::path status_dir_;     // where the workers' status sockets are (KFT_STATUS_DIR)
+  std::int64_t status_answered_ = 0;     // the last status request this agent answered                       // store_'s prefix
   std::optional<int> ended_;  // elastic: the job's status, seen while waiting to be taken in
 };
 

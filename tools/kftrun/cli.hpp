@@ -178,6 +178,8 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
   app.add_flag("--standalone", standalone, "single node, any free port (the default when --nnodes is 1)");
   app.add_option("program", o.program, "the program and its arguments (after --)")->required();
   app.positionals_at_end();
+  app.footer("While the job runs, kill -USR1 <this kftrun's pid> prints every rank's step and newest collective as JSON; "
+             "across nodes, kftrun status --help (docs/launching.md).");
   if (const auto status = kft_tools::parse(app, "kftrun", argc, argv)) return *status;
 
   try {

@@ -313,6 +313,19 @@ class worker_group {
     return out;
   }
 
+  /// A worker as the live status sees it.
+  struct worker_view {
+    int rank = 0, local_rank = 0;
+    pid_t pid = -1;
+    bool exited = false;
+    char state = 0;  // /proc's state letter (T: stopped), 0 when unknown or exited
+  };
+  std::vector<worker_view> members() const {
+    std::vector<worker_view> out;
+    for (const auto& w : workers_) out.push_back({w.rank, w.local_rank, w.pid, w.exited, w.exited ? '\0' : state_of(w.pid)});
+    return out;
+  }
+
   /// Sends `sig` to every live worker's process group.
   void signal_all(int sig) {
     for (auto& w : workers_)

@@ -157,6 +157,7 @@ struct registry {
   std::array<int, 64> now_copy{};
   std::atomic<const int*> now_list{nullptr};
   std::atomic<int> now_n{0};
+  std::atomic<std::int64_t> step{-1};  // the training step this process is at (note_step); -1: unknown
   std::atomic<int> dumping{0};
   std::atomic<bool> writing{false};
   std::int64_t ticks0 = ticks(), ns0 = now_ns();  // (a dump's second pair converts ticks to ns)
@@ -330,6 +331,36 @@ class recorder {
       if (e.id.load(std::memory_order_acquire) == id) out.push_back(&e);
     }
     return out;
+  }
+
+  /// @brief The newest call as a JSON object (group id and generation, seq, op, dtype, count,
+  /// state, start and end in steady-clock ns), or "" when none: what a live status shows.
+  /// Not for a signal handler (it allocates).
+  std::string last_call_json(double ns_per_tick) const {
+    const std::uint64_t n = recorded();
+    if (n == 0) return {};
+    const entry& e = ring_[static_cast<std::size_t>((n - 1) & mask_)];
+    if (e.id.load(std::memory_order_acquire) != n) return {};  // (being rewritten: the next look sees it)
+    const bool ns = e.ns_times.load(std::memory_order_relaxed);
+    std::string out;
+    auto add = [&](std::string_view k, const std::string& v, bool quoted) {
+      out += (out.empty() ? "{\"" : ",\"");
+      out += k;
+      out += quoted ? "\":\"" + v + "\"" : "\":" + v;
+    };
+    std::string id = id_[0] ? id_ : group_;
+    std::erase_if(id, [](char c) { return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20; });
+    add("group_id", id, true);
+    add("generation", std::to_string(e.generation), false);
+    add("seq", std::to_string(e.seq), false);
+    add("op", std::string(kft::name(e.op)), true);
+    add("dtype", std::string(kft::name(e.type)), true);
+    add("count", std::to_string(e.count), false);
+    add("state", std::string(name(e.st.load(std::memory_order_acquire))), true);
+    add("start_ns", std::to_string(as_ns(e.start_ns.load(std::memory_order_relaxed), ns, ns_per_tick)), false);
+    add("end_ns", std::to_string(as_ns(e.end_ns.load(std::memory_order_relaxed), ns, ns_per_tick)), false);
+    add("calls", std::to_string(n), false);
+    return out + "}";
   }
 
   /// @brief An entry's time in steady-clock ns (`ns_per_tick`: the dump's conversion).
@@ -529,6 +560,32 @@ class waiting_now {
   bool set_ = false;
 };
 
+/// @brief The training step this process is at, for a live status (kftrun's status; the
+/// trainer notes it once a step: one relaxed store).
+inline void note_step(std::int64_t step) noexcept {
+  detail::the_registry().step.store(step, std::memory_order_relaxed);
+}
+
+/// @brief The steady-clock ns per `ticks()` now (the conversion a dump uses).
+inline double ns_per_tick() noexcept {
+  const auto& r = detail::the_registry();
+  const std::int64_t t1 = ticks(), n1 = now_ns();
+  return t1 > r.ticks0 + 1000 ? static_cast<double>(n1 - r.ns0) / static_cast<double>(t1 - r.ticks0) : 1.0;
+}
+
+/// @brief Calls `f(const recorder&)` for every live recorder, keeping each alive meanwhile.
+template <class F>
+void for_each_recorder(F&& f) {
+  auto& r = detail::the_registry();
+  r.dumping.fetch_add(1);
+  struct done {
+    detail::registry& reg;
+    ~done() { reg.dumping.fetch_sub(1); }
+  } finished{r};
+  for (auto& s : r.slots)
+    if (recorder* rec = s.load()) f(*rec);
+}
+
 namespace detail {
 inline void on_signal(int sig) {
   const int saved = errno;
@@ -549,8 +606,6 @@ inline void on_signal(int sig) {
 /// before is kept (kft's is not installed over it).
 inline void configure(const settings& s, int rank, int world_size, std::string_view host) {
   auto& r = detail::the_registry();
-  if (s.dir.empty()) return;
-  detail::copy_text(r.dir, sizeof r.dir, s.dir);
   r.rank = rank;
   std::string id = "\"rank\":" + std::to_string(rank) + ",\"world_size\":" + std::to_string(world_size) + ",\"host\":\"";
   for (char c : host) {
@@ -559,6 +614,8 @@ inline void configure(const settings& s, int rank, int world_size, std::string_v
   }
   id += "\"";
   detail::copy_text(r.identity, sizeof r.identity, id);
+  if (s.dir.empty()) return;
+  detail::copy_text(r.dir, sizeof r.dir, s.dir);
   // (per signal, so calling this again installs nothing twice: kft's handler is not SIG_DFL)
   for (int sig : {SIGUSR1, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) {
     struct sigaction old {};

@@ -26,7 +26,8 @@
 /// names), `KFT_ALGO`, `KFT_MPI_CHECK`, `KFT_INTER_NODE`, `KFT_SOCKET_IFNAME`, `KFT_HOST_ID`
 /// (through topology), and
 /// `KFT_TIMEOUT`: every transport's default deadline (`group_options::timeout` wins over it),
-/// `KFT_TRACE_ENTRIES` and `KFT_TRACE_DIR` (the flight recorder).
+/// `KFT_TRACE_ENTRIES` and `KFT_TRACE_DIR` (the flight recorder), `KFT_STATUS_DIR` (kftrun's live
+/// status, kft/core/live_status.hpp).
 #pragma once
 
 #include <atomic>
@@ -37,6 +38,7 @@
 #include <kft/config.hpp>
 #include <kft/core/environment.hpp>
 #include <kft/core/flight_recorder.hpp>
+#include <kft/core/live_status.hpp>
 #include <kft/core/parse.hpp>
 #include <kft/discovery/world_info.hpp>
 #include <kft/group/cpu_group.hpp>
@@ -87,6 +89,8 @@ inline process_group make_process_group(const world_info& w, std::shared_ptr<ren
                                         group_options o = {}, const environment& env = environment::process()) {
   const auto traced = trace_settings(env);
   trace::configure(traced, w.rank, w.world_size, env.get("KFT_HOST_ID").value_or(w.hostname));
+  // (kftrun's live status: a thread answering where this rank is; kft/core/live_status.hpp)
+  if (const auto status = env.get("KFT_STATUS_DIR"); status && !status->empty()) trace::serve_status(*status, w.rank);
   auto pg = detail::make_untraced(w, std::move(store), std::move(o), env);
   // (its id in the dumps: "job", then "job#2", ... for further groups this process makes: the
   // ranks make them in the same order)
