@@ -111,6 +111,41 @@ BOOST_AUTO_TEST_CASE(fast_calls_share_readings_slow_ones_are_each_timed) {
   }
 }
 
+// Identical blocking calls in a row share one entry (seq..seq_last, calls); a different call,
+// a failed one or an asynchronous one starts a new entry.
+BOOST_AUTO_TEST_CASE(identical_calls_in_a_row_share_an_entry) {
+  tr::recorder r("fold", 8);
+  auto same = [&](std::uint64_t seq, bool queued = false) {
+    return r.begin(kft::collective::allreduce, kft::dtype::f64, 1, seq, 0, kft::algo::automatic, -1, queued);
+  };
+  for (std::uint64_t s = 1; s <= 100; ++s) tr::recorder::end(same(s), true);
+  auto e = r.entries();
+  BOOST_REQUIRE(e.size() == 1u);
+  BOOST_TEST(e[0]->seq == 1u);
+  BOOST_TEST(e[0]->seq_last == 100u);
+  BOOST_TEST(e[0]->calls == 100u);
+  BOOST_TEST((e[0]->st.load() == tr::state::completed));
+  const auto running = same(101);  // (in flight: the entry says running, its last call is 101)
+  BOOST_TEST((r.entries().back()->st.load() == tr::state::running));
+  BOOST_TEST(r.entries().back()->seq_last == 101u);
+  tr::recorder::end(running, false);  // it fails: the next identical call starts a new entry
+  tr::recorder::end(same(102), true);
+  tr::recorder::end(issue(r, 103), true);  // (another count)
+  tr::recorder::end(same(104), true);
+  tr::recorder::end(same(106), true);  // (not the next number: a call of another group's path)
+  tr::recorder::end(same(107, true), true);  // (asynchronous: never folded)
+  e = r.entries();
+  BOOST_REQUIRE(e.size() == 6u);
+  BOOST_TEST(e[0]->seq_last == 101u);
+  BOOST_TEST((e[0]->st.load() == tr::state::failed));
+  BOOST_TEST(e[1]->seq == 102u);
+  BOOST_TEST(e[1]->calls == 1u);
+  BOOST_TEST(e[2]->seq == 103u);
+  BOOST_TEST(e[3]->seq == 104u);
+  BOOST_TEST(e[4]->seq == 106u);
+  BOOST_TEST(e[5]->seq == 107u);
+}
+
 // An asynchronous call's entry is queued when issued, then takes its work's start and end.
 BOOST_AUTO_TEST_CASE(an_asynchronous_call_takes_its_works_times) {
   tr::recorder r("async", 8);
@@ -203,6 +238,8 @@ BOOST_AUTO_TEST_CASE(a_dump_and_sigusr1_write_every_ring) {
   BOOST_TEST(lines[2]["group_id"] == "group \"a\"");
   BOOST_TEST(lines[2]["seq"] == 1);
   BOOST_TEST(lines[4]["seq"] == 3);
+  BOOST_TEST(lines[4]["seq_last"] == 3);
+  BOOST_TEST(lines[4]["calls"] == 1);
   BOOST_TEST(lines[4]["state"] == "completed");
   BOOST_TEST(lines[4]["op"] == "allreduce");
   BOOST_TEST(lines[4]["dtype"] == "f32");
@@ -281,7 +318,7 @@ BOOST_AUTO_TEST_CASE(a_deadline_dumps) {
       }
       const auto e = pg.recorder()->entries();
       BOOST_TEST((e.back()->st.load() == tr::state::failed));
-      BOOST_TEST(e.back()->seq == 2u);
+      BOOST_TEST(e.back()->seq_last == 2u);  // (the two allreduces are alike: one entry, #1-#2)
       built = true;
     });
   for (auto& x : t) x.join();
@@ -294,7 +331,8 @@ BOOST_AUTO_TEST_CASE(a_deadline_dumps) {
     BOOST_TEST(lines[0]["error"].get<std::string>().find("timed out") != std::string::npos);
     BOOST_TEST((lines[0]["waiting_for"] == nlohmann::json::array({1})));
     for (std::size_t i = 1; i < lines.size(); ++i)
-      found |= lines[i]["seq"] == 2 && lines[i]["state"] == "failed" && lines[i]["op"] == "allreduce";
+      found |= lines[i].contains("op") && lines[i]["seq_last"] == 2 && lines[i]["state"] == "failed" &&
+               lines[i]["op"] == "allreduce";
   }
   BOOST_TEST(found, "a dump says the deadline and the failed allreduce #2");
   fs::remove_all(dir);

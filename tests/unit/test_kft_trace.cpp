@@ -7,6 +7,7 @@
 #define BOOST_TEST_MODULE kft_trace
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,9 +39,10 @@ kt::dump make(int rank, int world, const std::vector<std::string>& calls, std::v
   return kt::parse(in, "rank" + std::to_string(rank) + ".jsonl");
 }
 
-std::vector<int> culprits(const nlohmann::json& r) {
+std::vector<int> culprits(const nlohmann::json& r) {  // (sorted)
   std::vector<int> out;
   for (const auto& c : r["culprits"]) out.push_back(c["rank"]);
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -56,6 +58,28 @@ BOOST_AUTO_TEST_CASE(the_smaller_side_of_the_first_divergent_call_is_named) {
   BOOST_TEST(g["divergence"]["seq"] == 2);
   BOOST_TEST((culprits(r) == std::vector<int>{1}));
   BOOST_TEST(r["culprits"][0]["why"].get<std::string>().find("f32 x 7") != std::string::npos);
+}
+
+// Identical calls folded into one entry (seq..seq_last) compare call by call: rank 1's run of
+// 1024-float allreduces is cut by a 1023-float one at #40, inside the others' run of #1-#60.
+BOOST_AUTO_TEST_CASE(folded_runs_are_compared_call_by_call) {
+  auto run = [](int rank, const std::string& calls_json) {
+    std::istringstream in(R"({"kft_trace":1,"rank":)" + std::to_string(rank) +
+                          R"(,"world_size":2,"why":"mismatch","now_ns":5000000000}
+)" + calls_json);
+    return kt::parse(in, "rank" + std::to_string(rank) + ".jsonl");
+  };
+  const std::string tail = R"(,"dtype":"f32","root":-1,"start_ns":1,"end_ns":2,"state":)";
+  const std::vector<kt::dump> d{
+      run(0, R"({"group_id":"job","generation":0,"seq":1,"seq_last":60,"calls":60,"op":"allreduce","count":1024)" + tail +
+                 R"("running"})" "\n"),
+      run(1, R"({"group_id":"job","generation":0,"seq":1,"seq_last":39,"calls":39,"op":"allreduce","count":1024)" + tail +
+                 R"("completed"})" "\n" R"({"group_id":"job","generation":0,"seq":40,"op":"allreduce","count":1023)" +
+                 tail + R"("failed"})" "\n")};
+  const auto r = kt::analyze(d);
+  BOOST_TEST(r["groups"][0]["divergence"]["seq"] == 40);
+  BOOST_TEST((culprits(r) == std::vector<int>{0, 1}), r["culprits"].dump());  // (a tie: one rank each side, both named)
+  BOOST_TEST(r["groups"][0]["stuck"]["seq"] == 40);      // (rank 1's failed #40; rank 0 is past it: #60)
 }
 
 BOOST_AUTO_TEST_CASE(a_rank_that_never_entered_the_stuck_call_is_named) {

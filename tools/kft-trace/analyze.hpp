@@ -42,7 +42,8 @@ struct bad_input : std::runtime_error {
 struct call {
   std::string group;
   std::int64_t generation = 0;
-  std::uint64_t seq = 0;
+  std::uint64_t seq = 0, seq_last = 0;  // identical calls in a row share an entry: seq..seq_last
+  std::int64_t calls = 1;
   std::string op, dtype, algorithm, state;
   std::int64_t count = 0, root = -1;
   std::int64_t enqueue_ns = 0, start_ns = 0, end_ns = 0;
@@ -138,6 +139,9 @@ inline dump parse(std::istream& in, const std::string& name) {
                                      : detail::field<std::string>(j, "group", where);
     c.generation = detail::field<std::int64_t>(j, "generation", where);
     c.seq = detail::field<std::uint64_t>(j, "seq", where);
+    c.seq_last = detail::field<std::uint64_t>(j, "seq_last", where, false, c.seq);
+    c.calls = detail::field<std::int64_t>(j, "calls", where, false, 1);
+    if (c.seq_last < c.seq) throw bad_input(where + ": \"seq_last\" is below \"seq\"");
     c.op = detail::field<std::string>(j, "op", where);
     c.dtype = detail::field<std::string>(j, "dtype", where);
     c.count = detail::field<std::int64_t>(j, "count", where);
@@ -214,8 +218,8 @@ inline json analyze(const std::vector<dump>& dumps) {
   auto name_culprit = [&](int rank, const std::string& why) {
     if (named.insert(rank).second) culprits.push_back({{"rank", rank}, {"why", why}});
   };
-  auto describe_call = [](const call& c) {
-    std::string s = c.op + " #" + std::to_string(c.seq) + " (" + c.dtype + " x " + std::to_string(c.count);
+  auto describe_call = [](const call& c) {  // (the last call of a folded entry)
+    std::string s = c.op + " #" + std::to_string(c.seq_last) + " (" + c.dtype + " x " + std::to_string(c.count);
     if (c.root >= 0) s += ", root " + std::to_string(c.root);
     return s + ")";
   };
@@ -247,11 +251,23 @@ inline json analyze(const std::vector<dump>& dumps) {
       g["no_dump_count"] = size - static_cast<std::int64_t>(members.size());
 
     // The first call numbered alike whose collective, dtype, count or root differ.
-    std::map<std::uint64_t, std::vector<std::pair<int, const call*>>> by_seq;
+    // Entries cover seq..seq_last; shapes change only where some rank's entry starts, so the
+    // ranks are compared at every entry's first number, each through its entry covering it.
+    std::set<std::uint64_t> starts_at;
     for (const auto& [r, calls] : ranks)
-      for (const call* c : calls) by_seq[c->seq].push_back({r, c});
+      for (const call* c : calls) starts_at.insert(c->seq);
+    auto covering = [](const std::vector<const call*>& calls, std::uint64_t seq) -> const call* {
+      // (a ring's entries are in call order: the last one starting at or before seq)
+      auto it = std::upper_bound(calls.begin(), calls.end(), seq, [](std::uint64_t v, const call* c) { return v < c->seq; });
+      if (it == calls.begin()) return nullptr;
+      const call* c = *(it - 1);
+      return seq <= c->seq_last ? c : nullptr;
+    };
     g["divergence"] = nullptr;
-    for (const auto& [seq, at] : by_seq) {
+    for (const std::uint64_t seq : starts_at) {
+      std::vector<std::pair<int, const call*>> at;
+      for (const auto& [r, calls] : ranks)
+        if (const call* c = covering(calls, seq)) at.push_back({r, c});
       std::map<std::tuple<std::string, std::string, std::int64_t, std::int64_t>, std::vector<int>> shapes;
       for (const auto& [r, c] : at) shapes[{c->op, c->dtype, c->count, c->root}].push_back(r);
       if (shapes.size() < 2) continue;
@@ -270,7 +286,7 @@ inline json analyze(const std::vector<dump>& dumps) {
         calls.push_back({{"op", op}, {"dtype", dt}, {"count", count}, {"root", root}, {"ranks", rs}});
         if (rs.size() == most && !tie) {
           call c;
-          c.op = op, c.dtype = dt, c.count = count, c.root = root, c.seq = seq;
+          c.op = op, c.dtype = dt, c.count = count, c.root = root, c.seq = c.seq_last = seq;
           majority = "rank(s) " + detail::join(rs) + " called " + describe_call(c);
         }
       }
@@ -279,7 +295,7 @@ inline json analyze(const std::vector<dump>& dumps) {
         if (rs.size() == most && !tie) continue;
         const auto& [op, dt, count, root] = s;
         call c;
-        c.op = op, c.dtype = dt, c.count = count, c.root = root, c.seq = seq;
+        c.op = op, c.dtype = dt, c.count = count, c.root = root, c.seq = c.seq_last = seq;
         for (int r : rs)
           divergent.push_back({"called " + describe_call(c) + (majority.empty() ? "" : " where " + majority) +
                                    " (group \"" + key.group + "\": the first call where the ranks differ)",
@@ -302,27 +318,31 @@ inline json analyze(const std::vector<dump>& dumps) {
     if (!pending.empty()) {
       const call* stuck = nullptr;
       for (const auto& [r, c] : pending)
-        if (!stuck || c->seq < stuck->seq) stuck = c;
+        if (!stuck || c->seq_last < stuck->seq_last) stuck = c;
       json inside = json::array(), not_entered = json::array(), finished = json::array();
       for (const auto& [r, calls] : ranks) {
         const dump& d = *by_rank[r];
         const auto p = pending.find(r);
-        if (p != pending.end() && p->second->seq == stuck->seq) {
+        if (p != pending.end() && p->second->seq_last == stuck->seq_last) {
           const call& c = *p->second;
-          const std::int64_t end = c.end_ns ? c.end_ns : d.now_ns;
+          // How long it has been inside: from its start (one call), or from the last end the
+          // recorder read (a folded entry keeps its first call's start).
+          const bool folded = c.calls > 1 && c.end_ns > 0;
+          const std::int64_t from = folded ? c.end_ns : c.start_ns;
+          const std::int64_t to = !folded && c.end_ns ? c.end_ns : d.now_ns;
           inside.push_back({{"rank", r}, {"state", c.state}, {"op", c.op},
-                            {"for_s", c.start_ns ? static_cast<double>(end - c.start_ns) / 1e9 : 0.0}});
+                            {"for_s", from ? static_cast<double>(to - from) / 1e9 : 0.0}});
           inside_any.insert(r);
-        } else if (last[r]->seq < stuck->seq) {
+        } else if (last[r]->seq_last < stuck->seq_last) {
           const call& c = *last[r];
-          not_entered.push_back({{"rank", r}, {"last_seq", c.seq}, {"last_op", c.op}, {"last_state", c.state},
+          not_entered.push_back({{"rank", r}, {"last_seq", c.seq_last}, {"last_op", c.op}, {"last_state", c.state},
                                  {"last", describe_call(c)}});
           not_entered_any.insert(r);
         } else {
           finished.push_back(r);
         }
       }
-      g["stuck"] = {{"seq", stuck->seq}, {"op", stuck->op}, {"dtype", stuck->dtype}, {"count", stuck->count},
+      g["stuck"] = {{"seq", stuck->seq_last}, {"op", stuck->op}, {"dtype", stuck->dtype}, {"count", stuck->count},
                     {"call", describe_call(*stuck)}, {"inside", inside}, {"not_entered", not_entered},
                     {"finished", finished}};
     }

@@ -221,7 +221,7 @@ struct work_state {
   std::atomic<std::uint64_t> trace_id_{0};
   trace::slot_ref traced() const noexcept {
     trace::entry* e = trace_entry_.load(std::memory_order_acquire);
-    return {e, e ? trace_id_.load(std::memory_order_relaxed) : 0};
+    return {e, e ? trace_id_.load(std::memory_order_relaxed) : 0, false};
   }
 };
 

@@ -88,6 +88,10 @@ constexpr std::string_view name(state s) {
 struct entry {
   std::atomic<std::uint64_t> id{0};  ///< the call's number in this ring (1, 2, ...); 0: empty
   std::uint64_t seq = 0;             ///< the group's sequence number of the call
+  /// Identical blocking calls in a row share one entry (`recorder::begin`): the last one's
+  /// sequence number, and how many (1: the entry is one call).
+  std::uint64_t seq_last = 0;
+  std::uint32_t calls = 1;
   std::uint64_t count = 0;           ///< elements
   std::int64_t enqueue_ns = 0;       ///< issued (steady clock)
   std::atomic<std::int64_t> start_ns{0};
@@ -112,6 +116,7 @@ struct entry {
 struct slot_ref {
   entry* e = nullptr;
   std::uint64_t id = 0;
+  bool timed = false;  ///< this call read the clock at its start, so it reads it at its end
   /// @brief The call ran from `start_ns` to `end_ns` (steady clock) and ended `ok` or failed.
   void finish(std::int64_t start_ns, std::int64_t end_ns, bool ok) const noexcept {
     if (!e || e->id.load(std::memory_order_relaxed) != id) return;
@@ -123,7 +128,7 @@ struct slot_ref {
   /// @brief A blocking call returned (`ok`) or threw, now (in ticks, as it began).
   void end(bool ok) const noexcept {
     if (!e) return;
-    if (e->timed) e->end_ns.store(ticks(), std::memory_order_relaxed);
+    if (timed) e->end_ns.store(ticks(), std::memory_order_relaxed);
     e->st.store(ok ? state::completed : state::failed, std::memory_order_release);
   }
 };
@@ -285,18 +290,38 @@ class recorder {
   /// between two shared-memory ranks: a few hundred ns each) are timed one in `stride` (a power
   /// of two, at most 64, from the last interval measured); the others take the last reading as
   /// their start, a lower bound, and no end (`entry::timed` false).
+  ///
+  /// A blocking call identical to the one before it (collective, dtype, count, root, algorithm,
+  /// generation), numbered next and issued once that one completed, is folded into its entry:
+  /// `seq_last` and `calls` grow, the state goes back to running, and its end is read when its
+  /// start was. A tight loop of one collective then writes one cache line, not a new entry per
+  /// call; the entry keeps the first call's start and the last timed call's end.
   slot_ref begin(collective op, dtype t, std::size_t count, std::uint64_t seq, std::uint32_t generation, algo a,
                  int root, bool queued) noexcept {
-    const std::uint64_t id = next_.load(std::memory_order_relaxed) + 1;
+    const std::uint64_t last = next_.load(std::memory_order_relaxed);
     const bool fresh = ++since_ >= stride_;
     std::int64_t now = last_read_;
     if (fresh) {
       now = ticks();
       pace(now);
     }
+    if (!queued && last != 0) {
+      entry& p = ring_[static_cast<std::size_t>((last - 1) & mask_)];
+      if (p.seq_last + 1 == seq && p.count == count && p.op == op && p.type == t && p.root == root &&
+          p.algorithm == a && p.generation == generation && p.st.load(std::memory_order_relaxed) == state::completed &&
+          !p.ns_times.load(std::memory_order_relaxed)) {
+        p.seq_last = seq;
+        ++p.calls;
+        p.st.store(state::running, std::memory_order_release);
+        return {&p, last, fresh};
+      }
+    }
+    const std::uint64_t id = last + 1;
     entry& e = ring_[static_cast<std::size_t>((id - 1) & mask_)];
     e.id.store(0, std::memory_order_relaxed);  // (a dump skips the slot while it is rewritten)
     e.seq = seq;
+    e.seq_last = seq;
+    e.calls = 1;
     e.count = count;
     e.generation = generation;
     e.root = root;
@@ -311,7 +336,7 @@ class recorder {
     e.st.store(queued ? state::queued : state::running, std::memory_order_relaxed);
     e.id.store(id, std::memory_order_release);
     next_.store(id, std::memory_order_release);
-    return {&e, id};
+    return {&e, id, fresh};
   }
   /// @brief A blocking call begun with `begin` returned (`ok`) or threw.
   static void end(const slot_ref& s, bool ok) noexcept { s.end(ok); }
@@ -334,7 +359,9 @@ class recorder {
   }
 
   /// @brief The newest call as a JSON object (group id and generation, seq, op, dtype, count,
-  /// state, start and end in steady-clock ns), or "" when none: what a live status shows.
+  /// state, start and end in steady-clock ns), or "" when none: what a live status shows. For
+  /// identical calls folded into one entry, `seq` is the last one's, `start_ns` the first's and
+  /// `end_ns` the last timed one's.
   /// Not for a signal handler (it allocates).
   std::string last_call_json(double ns_per_tick) const {
     const std::uint64_t n = recorded();
@@ -352,14 +379,13 @@ class recorder {
     std::erase_if(id, [](char c) { return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20; });
     add("group_id", id, true);
     add("generation", std::to_string(e.generation), false);
-    add("seq", std::to_string(e.seq), false);
+    add("seq", std::to_string(e.seq_last), false);
     add("op", std::string(kft::name(e.op)), true);
     add("dtype", std::string(kft::name(e.type)), true);
     add("count", std::to_string(e.count), false);
     add("state", std::string(name(e.st.load(std::memory_order_acquire))), true);
     add("start_ns", std::to_string(as_ns(e.start_ns.load(std::memory_order_relaxed), ns, ns_per_tick)), false);
     add("end_ns", std::to_string(as_ns(e.end_ns.load(std::memory_order_relaxed), ns, ns_per_tick)), false);
-    add("calls", std::to_string(n), false);
     return out + "}";
   }
 
@@ -386,6 +412,7 @@ class recorder {
       const bool ns = e.ns_times.load(std::memory_order_relaxed);
       w.text("{\"group_id\":\"").escaped(group_id).text("\",\"generation\":").number(e.generation);
       w.text(",\"id\":").number(static_cast<std::int64_t>(id)).text(",\"seq\":").number(static_cast<std::int64_t>(e.seq));
+      w.text(",\"seq_last\":").number(static_cast<std::int64_t>(e.seq_last)).text(",\"calls\":").number(e.calls);
       w.text(",\"op\":\"").text(kft::name(e.op)).text("\",\"dtype\":\"").text(kft::name(e.type));
       w.text("\",\"count\":").number(static_cast<std::int64_t>(e.count)).text(",\"root\":").number(e.root);
       w.text(",\"algorithm\":\"").text(kft::name(e.algorithm)).text("\",\"enqueue_ns\":");
