@@ -3,9 +3,11 @@
 // 47 item 5), run by kftrun. Driven by tests/integration/straggler_test.py (one slowed rank, and
 // a control run) and bench/ddp/straggler_soak.py (minutes without a slowed rank).
 //
-//   straggler_worker [--steps N | --seconds S] [--work-ms MS] [--log FILE] [--pin]
+//   straggler_worker [--steps N | --seconds S] [--work-ms MS] [--sleep] [--log FILE] [--pin]
 //                    [--slow-rank R --slow-step K (--cgroup-procs FILE | --busy-share F)]
 //
+// --sleep: a step's work is the loops once and a sleep of --work-ms (the trainer's own noise,
+// apart from the CPUs': sleeping ranks do not compete for them).
 // --exchange-cost N: after training, N allgathers like a window's exchange, timed.
 // The model is a linear regression on 1024 features whose forward and backward are plain CPU
 // loops (no BLAS, no threads), repeated until a step's work is about --work-ms (calibrated on
@@ -39,6 +41,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <kft/ddp/optim.hpp>
@@ -62,9 +65,11 @@ struct regression {
   std::vector<float> w = std::vector<float>(features, 0.0f), b = std::vector<float>(1, 0.0f);
   std::vector<float> gw = std::vector<float>(features, 0.0f);
   int reps = 1;  // the loop's repetitions: a step's work
+  std::chrono::microseconds sleep{0};  // --sleep: the work is a sleep this long (no CPU)
   std::vector<ddp::tensor_ref> parameters() { return {{"w", w}, {"b", b}}; }
   ddp::stats compute(std::span<const std::uint32_t> idx) {
     ddp::stats s;
+    if (sleep.count()) std::this_thread::sleep_for(sleep);
     float gb = 0.0f;
     for (int rep = 0; rep < reps; ++rep) {
       std::fill(gw.begin(), gw.end(), 0.0f);
@@ -164,6 +169,7 @@ int main(int argc, char** argv) {
     const double busy_share = std::stod(arg(argc, argv, "--busy-share", "0"));
     pid_t busy = 0;
     constexpr std::uint64_t batch = 8;
+    const bool sleeping = flag(argc, argv, "--sleep");
 
     // Calibration on rank 0: repetitions for a step of about work_ms; every rank takes them.
     regression m;
@@ -175,13 +181,17 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       for (int k = 0; k < 5; ++k) (void)m.compute(probe);
       const double one = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 5;
-      reps_and_steps[0] = std::max(1.0, std::round(work_ms / std::max(one, 1e-3)));
+      reps_and_steps[0] = sleeping ? 1.0 : std::max(1.0, std::round(work_ms / std::max(one, 1e-3)));
       const double seconds = std::stod(arg(argc, argv, "--seconds", "0"));
-      reps_and_steps[1] = seconds > 0 ? std::ceil(seconds * 1e3 / (one * reps_and_steps[0]))
+      const double step_ms = sleeping ? work_ms + one : one * reps_and_steps[0];
+      reps_and_steps[1] = seconds > 0 ? std::ceil(seconds * 1e3 / step_ms)
                                       : std::stod(arg(argc, argv, "--steps", "300"));
     }
     pg.broadcast(reps_and_steps, reps_and_steps, 2, kft::dtype::f64, 0);
     m.reps = static_cast<int>(reps_and_steps[0]);
+    if (sleeping) {  // (the loops once, a sleep for the rest)
+      m.sleep = std::chrono::microseconds(static_cast<long>(work_ms * 1e3));
+    }
     const auto steps = static_cast<std::uint64_t>(reps_and_steps[1]);
 
     ddp::sgd opt({.lr = 0.01f});

@@ -18,9 +18,10 @@
 ///    again);
 ///  - each rank is named once when it starts straggling and once when it recovers;
 ///  - a rank that did no step in a window (it has joined, its data ran out) is neither judged
-///    nor counted in the median; with fewer than two such ranks nothing is judged.
+///    nor counted in the median; with fewer than two such ranks nothing is judged;
+///  - the first `warmup` windows after reset() (a new membership) are not judged.
 ///
-///     kft::ddp::straggler_detector d({.every = 10, .threshold = 0.10, .sustain = 2});
+///     kft::ddp::straggler_detector d({.every = 10, .threshold = 0.10, .sustain = 2, .warmup = 1});
 ///     d.reset(ranks);
 ///     for (auto& e : d.window(step, sums, steps)) ...   // sums[r], steps[r]: rank r's window
 #pragma once
@@ -50,6 +51,9 @@ struct straggler_options {
   double threshold = 0.10;
   /// Consecutive slow windows before a rank is named (and fast ones before it recovers).
   int sustain = 2;
+  /// Windows not judged after a new membership (the start, a shrink, a join): the first steps
+  /// fault in pages and fill caches, and a joiner's first window includes taking the state.
+  int warmup = 1;
 };
 
 /// @brief A rank named as a straggler, or recovered (the same on every rank).
@@ -77,6 +81,8 @@ class straggler_detector {
                         " (a fraction above the median, > 0: 0.10 is 10%)");
     if (o.sustain < 1)
       throw usage_error("trainer: stragglers.sustain = " + std::to_string(o.sustain) + " (windows in a row, >= 1)");
+    if (o.warmup < 0)
+      throw usage_error("trainer: stragglers.warmup = " + std::to_string(o.warmup) + " (windows, >= 0)");
   }
 
   const straggler_options& options() const noexcept { return o_; }
@@ -133,6 +139,7 @@ class straggler_detector {
       if (!(med > 0)) continue;
       const double excess = mine / med - 1.0;
       excess_[r] = excess;
+      if (windows_ <= static_cast<std::uint64_t>(o_.warmup)) continue;  // (seen, not judged)
       const bool slow = excess >= o_.threshold, fast = excess < o_.threshold / 2;
       slow_[r] = slow ? slow_[r] + 1 : 0;
       fast_[r] = fast ? fast_[r] + 1 : 0;
