@@ -80,6 +80,7 @@
 #include <vector>
 
 #include <kft/core/error.hpp>
+#include <kft/core/flight_recorder.hpp>
 #include <kft/ddp/checkpoint.hpp>
 #include <kft/ddp/fixed_point.hpp>
 #include <kft/ddp/step_counts.hpp>
@@ -422,6 +423,7 @@ class trainer {
       check_loss(bad, false);
       if (!overflowed(overflow)) apply(contributions);
       ++step_;
+      trace::note_step(static_cast<std::int64_t>(step_));
       ++shadowed;
       after_step();
     }
@@ -822,6 +824,7 @@ class trainer {
     }
     if (!overflowed(overflow_ranks)) apply(contributions);
     ++step_;
+    trace::note_step(static_cast<std::int64_t>(step_));  // (kftrun's live status: one relaxed store)
     // This rank's own work in the step: all of it but the time blocked in its collectives.
     work_s_ += seconds(t0, clk::now()) - (comm_s_ + blocked_s_ - blocked0);
     ++work_steps_;
