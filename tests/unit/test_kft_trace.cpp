@@ -109,6 +109,14 @@ BOOST_AUTO_TEST_CASE(chains_are_followed_to_the_rank_with_no_dump) {
   BOOST_TEST(r["culprits"][0]["why"].get<std::string>().find("e2") != std::string::npos);  // (rank 2's error)
 }
 
+// Both ranks of a host stopped: every wait leads to rank 2, yet rank 3 wrote no dump either
+// while the others are stuck, and is named too.
+BOOST_AUTO_TEST_CASE(every_silent_rank_of_a_stuck_job_is_named) {
+  const std::vector<kt::dump> d{make(0, 4, {"allreduce:8:running"}, {2}), make(1, 4, {"allreduce:8:running"}, {0})};
+  const auto r = kt::analyze(d);
+  BOOST_TEST((culprits(r) == std::vector<int>{2, 3}), r["culprits"].dump());
+}
+
 BOOST_AUTO_TEST_CASE(a_cycle_of_waits_ends_without_a_wrong_culprit) {
   // 0 and 1 wait for each other (both dumped, nothing missing): no chain ends at a rank with
   // no dump, and no rank is named for it.

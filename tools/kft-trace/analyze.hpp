@@ -439,6 +439,15 @@ inline json analyze(const std::vector<dump>& dumps) {
                                (it->second->error.empty() ? "" : "; its error: " + it->second->error)});
     }
     for (const auto& [r, why] : strong.empty() ? weak : strong) name_culprit(r, why);
+    // A rank of the whole job that wrote no dump while the others are stuck is at fault too,
+    // even when no one's wait points at it (two ranks of a host stopped: the others' waits may
+    // all lead to one of them).
+    if (!strong.empty())
+      for (const auto& g : group_reports)
+        if (!g["stuck"].is_null())
+          for (int r : g["no_dump"].get<std::vector<int>>())
+            name_culprit(r, "wrote no dump (stopped, killed, or hung outside kft's calls) while the others are inside " +
+                                g["stuck"]["call"].get<std::string>());
   }
   if (culprits.empty()) {
     for (const auto& g : group_reports) {
