@@ -10,7 +10,7 @@ allreduce every 20 ms):
            against the store prints all 4 ranks from both nodes and exits 0; a wrong run id
            exits 1 naming it; no token exits 2 naming KFT_RDZV_TOKEN.
 
-Also: the agents' status directories are gone after the job (nothing left behind).
+Also: nothing is left in TMPDIR (the workers' status sockets are abstract: no file).
 
     live_status_test.py <kftrun> <status_worker>
 """
@@ -28,7 +28,7 @@ from procs import expect, free_port, marked_processes  # noqa: E402
 
 kftrun, worker = sys.argv[1:3]
 tmp = tempfile.mkdtemp(prefix="kft-status-")
-env = dict(os.environ, TMPDIR=tmp)  # (the agents' status directories land here: checked at the end)
+env = dict(os.environ, TMPDIR=tmp)  # (nothing of the live status may land here: checked at the end)
 
 
 class reader:
@@ -161,6 +161,6 @@ for a, x in zip(agents, readers):
     stop(a, x)
 
 left = [f for f in os.listdir(tmp) if f.startswith("kftrun-")]
-expect(not left, f"the agents' status directories are gone ({left})")
+expect(not left, f"the live status left no file in TMPDIR ({left})")
 expect(not marked_processes(worker, skip=("live_status_test.py",)), "no worker is left")
 print("PASS: kftrun's live status")

@@ -150,26 +150,13 @@ inline int free_port(const std::string& host, std::chrono::milliseconds resolve_
 class agent {
  public:
   explicit agent(options opt) : opt_(std::move(opt)), host_(hostname()) {}
-  ~agent() {
-    std::error_code ec;
-    if (!status_dir_.empty()) std::filesystem::remove_all(status_dir_, ec);
-  }
-  agent(const agent&) = delete;
-  agent& operator=(const agent&) = delete;
+
 
   /// Runs the job; returns kftrun's exit status.
   int run() {
-    // Where the workers answer the live status (KFT_STATUS_DIR; status.hpp): private to this agent.
-    {
-      const auto d = std::filesystem::temp_directory_path() / ("kftrun-" + std::to_string(::getpid()));
-      std::error_code ec;
-      if (std::filesystem::create_directory(d, ec) || std::filesystem::is_directory(d, ec)) {
-        std::filesystem::permissions(d, std::filesystem::perms::owner_all, ec);
-        status_dir_ = d;
-      } else {
-        log(kft::log::level::warn, "no live status: cannot make " + d.string() + ": " + ec.message());
-      }
-    }
+    // Where the workers answer the live status (KFT_STATUS_NAME; status.hpp): abstract sockets
+    // named after this agent, so nothing is left in the file system whatever ends it.
+    status_name_ = "kftrun-" + std::to_string(::getpid()) + "-" + kft::random_token().substr(0, 8);
     std::unique_ptr<rdzv::tcp_store_server> server;
     if (opt_.node_rank == 0) {
       rdzv::tcp_store_server::options serve{opt_.master_addr, opt_.master_port, opt_.token,
@@ -746,7 +733,7 @@ class agent {
     const bool alone = m.ids.size() <= 1;
     if (asked_here && !alone) request = store_->add("status/req", 1);
     status_answered_ = std::max(status_answered_, request);
-    auto mine = status::ask_workers(group.members(), status_dir_.string(), opt_.node_rank, host_, 500ms);
+    auto mine = status::ask_workers(group.members(), status_name_, opt_.node_rank, host_, 500ms);
     if (!alone) store_->set("status/" + std::to_string(request) + "/" + std::to_string(opt_.node_rank), mine.dump());
     if (!asked_here) return;
     std::vector<std::pair<int, status::json>> answers{{opt_.node_rank, std::move(mine)}};
@@ -1007,7 +994,7 @@ class agent {
     set("KFT_STORE_PORT", std::to_string(opt_.master_port));
     set("KFT_STORE_PREFIX", "kftrun/" + opt_.run_id + "/r" + std::to_string(attempt) + "/user/");
     set("KFT_RDZV_TOKEN", opt_.token);
-    if (!status_dir_.empty()) set("KFT_STATUS_DIR", status_dir_.string());
+    set("KFT_STATUS_NAME", status_name_);
     const auto ms = opt_.job_timeout.count();
     set("KFT_TIMEOUT", ms % 1000 == 0 ? std::to_string(ms / 1000) + "s" : std::to_string(ms) + "ms");
     set("KFT_ON_FAILURE", opt_.heal ? "heal" : opt_.keep_going ? "continue" : "stop");  // whether a program may shrink and go on
@@ -1026,7 +1013,7 @@ class agent {
   std::shared_ptr<rdzv::tcp_store> client_;  // store_'s connection (for set_owned)
   std::uint64_t waits_ = 0;  // the rendezvous' waits on the store (slices of wait_or_signal), counted apart
   std::string prefix_;
-  std::filesystem::path status_dir_;     // where the workers' status sockets are (KFT_STATUS_DIR)
+  std::string status_name_;              // the workers' status sockets' name (KFT_STATUS_NAME)
   std::int64_t status_answered_ = 0;     // the last status request this agent answered                       // store_'s prefix
   std::optional<int> ended_;  // elastic: the job's status, seen while waiting to be taken in
 };

@@ -3,8 +3,8 @@
 // JSON, on request: `kill -USR1 <kftrun>` (the agent prints the job's status on its standard
 // output, one line) or `kftrun status` against the job's store (across nodes).
 //
-// Each agent asks its own workers: a kft program started by kftrun (KFT_STATUS_DIR set) answers
-// on the Unix socket <dir>/rank<R>.sock with one JSON line (kft/core/live_status.hpp). All of a
+// Each agent asks its own workers: a kft program started by kftrun (KFT_STATUS_NAME set) answers
+// on the abstract Unix socket @<name>/rank<R> with one JSON line (kft/core/live_status.hpp). All of a
 // node's workers are asked at once and read with poll(), so a node of 256 ranks answers in
 // tens of milliseconds; a stopped worker cannot answer and is shown as stopped. Across nodes, a
 // request is a counter in the store ("status/req"): every agent looks at it with its heartbeat
@@ -40,11 +40,11 @@ inline double age_of(const json& call, std::int64_t now_ns) {
   return since > 0 && now_ns > since ? static_cast<double>(now_ns - since) / 1e9 : 0.0;
 }
 
-/// Asks each live worker of `workers` for its status over its socket in `dir`, all at once,
+/// Asks each live worker of `workers` for its status over its socket (`name`), all at once,
 /// until every one has answered or `wait` has passed. One JSON object per worker, by rank:
 /// the worker's answer plus node, host and the age of its newest call, or what kftrun knows
 /// (state "stopped", "exited", or "no answer": not a kft program, or too busy).
-inline json ask_workers(const std::vector<worker_group::worker_view>& workers, const std::string& dir, int node,
+inline json ask_workers(const std::vector<worker_group::worker_view>& workers, const std::string& name, int node,
                         const std::string& host, std::chrono::milliseconds wait) {
   struct asking {
     const worker_group::worker_view* w = nullptr;
@@ -57,13 +57,10 @@ inline json ask_workers(const std::vector<worker_group::worker_view>& workers, c
     asking x;
     x.w = &w;
     if (!w.exited && w.state != 'T' && w.state != 't') {
-      const std::string path = kft::trace::status_socket(dir, w.rank);
       sockaddr_un addr{};
-      addr.sun_family = AF_UNIX;
-      if (path.size() < sizeof addr.sun_path) {
-        std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+      if (const socklen_t len = kft::trace::abstract_address(kft::trace::status_socket(name, w.rank), addr)) {
         x.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (x.fd >= 0 && ::connect(x.fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 &&
+        if (x.fd >= 0 && ::connect(x.fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0 &&
             errno != EINPROGRESS && errno != EAGAIN) {
           ::close(x.fd);
           x.fd = -1;

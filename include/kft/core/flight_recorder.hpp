@@ -559,12 +559,12 @@ class waiting_now {
   waiting_now(const waiting_now&) = delete;
   waiting_now& operator=(const waiting_now&) = delete;
   ~waiting_now() { clear(); }
-  /// Copies `ranks` (at most 64): for a list the caller rebuilds.
-  void set(const std::vector<int>& ranks) noexcept {
+  /// Copies `ranks[0..n)` (at most 64): for a list the caller rebuilds. Allocates nothing.
+  void set(const int* ranks, int n) noexcept {
     auto& r = detail::the_registry();
     r.now_n.store(0, std::memory_order_release);
-    const int n = static_cast<int>(std::min(ranks.size(), r.now_copy.size()));
-    std::copy_n(ranks.begin(), n, r.now_copy.begin());
+    n = std::min(n, static_cast<int>(r.now_copy.size()));
+    std::copy_n(ranks, n, r.now_copy.begin());
     r.now_list.store(r.now_copy.data(), std::memory_order_release);
     r.now_n.store(n, std::memory_order_release);
     set_ = true;

@@ -4,9 +4,11 @@
 /// it is (issue 47 item 6) and shows the whole job as JSON (`kill -USR1 <kftrun>`, or
 /// `kftrun status` against the job's store; docs/flight-recorder.md).
 ///
-/// When `KFT_STATUS_DIR` is set (kftrun sets it for its workers), `make_process_group` starts one
-/// thread that listens on the Unix socket `<dir>/rank<R>.sock` and, to each connection, writes
-/// one JSON line and closes it:
+/// When `KFT_STATUS_NAME` is set (kftrun sets it for its workers), `make_process_group` starts
+/// one thread that listens on the abstract Unix socket `@<name>/rank<R>` (Linux's abstract
+/// namespace: no file, so nothing is left behind whatever ends the job; reachable from the
+/// same network namespace, as kftrun is) and, to each connection, writes one JSON line and
+/// closes it:
 ///
 ///     {"rank":3,"world_size":8,"host":"node1","pid":4242,"step":1200,"now_ns":...,
 ///      "calls":[{"group_id":"job","generation":0,"seq":5101,"op":"allreduce","dtype":"f32",
@@ -23,6 +25,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -53,39 +56,45 @@ inline std::string status_json() {
   return out + "]}";
 }
 
-/// @brief The socket a rank's status thread listens on: `<dir>/rank<R>.sock`.
-inline std::string status_socket(const std::string& dir, int rank) {
-  return dir + "/rank" + std::to_string(rank) + ".sock";
+/// @brief The abstract socket a rank's status thread listens on: `<name>/rank<R>` (its address
+/// is a 0 byte, then this).
+inline std::string status_socket(const std::string& name, int rank) { return name + "/rank" + std::to_string(rank); }
+
+/// @brief `addr` for the abstract socket `name`; returns the address's length, 0 when `name` is
+/// too long.
+inline socklen_t abstract_address(const std::string& name, sockaddr_un& addr) {
+  addr = {};
+  addr.sun_family = AF_UNIX;
+  if (name.empty() || name.size() + 1 > sizeof addr.sun_path) return 0;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());  // (sun_path[0] = 0: abstract)
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
 }
 
-/// @brief Starts the status thread (once per process): listens on `status_socket(dir, rank)`
+/// @brief Starts the status thread (once per process): listens on `status_socket(name, rank)`
 /// and answers each connection with `status_json()`. Throws `config_error` naming
-/// KFT_STATUS_DIR when the socket cannot be made there (a path too long for a Unix socket, a
-/// directory that does not exist).
-inline void serve_status(const std::string& dir, int rank) {
+/// KFT_STATUS_NAME when the socket cannot be made (a name too long, one taken).
+inline void serve_status(const std::string& name, int rank) {
   static std::atomic<bool> started{false};
-  if (dir.empty() || started.exchange(true)) return;
-  const std::string path = status_socket(dir, rank);
+  if (name.empty() || started.exchange(true)) return;
+  const std::string path = status_socket(name, rank);
   sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof addr.sun_path) {
+  const socklen_t len = abstract_address(path, addr);
+  if (len == 0) {
     started = false;
-    throw config_error("KFT_STATUS_DIR", dir,
-                       "is too long for a Unix socket path (" + path + ": at most " +
+    throw config_error("KFT_STATUS_NAME", name,
+                       "is too long for a Unix socket's name (" + path + ": at most " +
                            std::to_string(sizeof addr.sun_path - 1) + " bytes)");
   }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     started = false;
-    throw config_error("KFT_STATUS_DIR", dir, "status socket: " + std::string(std::strerror(errno)));
+    throw config_error("KFT_STATUS_NAME", name, "status socket: " + std::string(std::strerror(errno)));
   }
-  ::unlink(path.c_str());  // (a socket left by an earlier process of this rank)
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 64) != 0) {
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0 || ::listen(fd, 64) != 0) {
     const int err = errno;
     ::close(fd);
     started = false;
-    throw config_error("KFT_STATUS_DIR", dir, "cannot listen on " + path + ": " + std::strerror(err));
+    throw config_error("KFT_STATUS_NAME", name, "cannot listen on @" + path + ": " + std::strerror(err));
   }
   std::thread([fd] {
     for (;;) {

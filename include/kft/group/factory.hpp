@@ -26,7 +26,7 @@
 /// names), `KFT_ALGO`, `KFT_MPI_CHECK`, `KFT_INTER_NODE`, `KFT_SOCKET_IFNAME`, `KFT_HOST_ID`
 /// (through topology), and
 /// `KFT_TIMEOUT`: every transport's default deadline (`group_options::timeout` wins over it),
-/// `KFT_TRACE_ENTRIES` and `KFT_TRACE_DIR` (the flight recorder), `KFT_STATUS_DIR` (kftrun's live
+/// `KFT_TRACE_ENTRIES` and `KFT_TRACE_DIR` (the flight recorder), `KFT_STATUS_NAME` (kftrun's live
 /// status, kft/core/live_status.hpp).
 #pragma once
 
@@ -90,7 +90,7 @@ inline process_group make_process_group(const world_info& w, std::shared_ptr<ren
   const auto traced = trace_settings(env);
   trace::configure(traced, w.rank, w.world_size, env.get("KFT_HOST_ID").value_or(w.hostname));
   // (kftrun's live status: a thread answering where this rank is; kft/core/live_status.hpp)
-  if (const auto status = env.get("KFT_STATUS_DIR"); status && !status->empty()) trace::serve_status(*status, w.rank);
+  if (const auto status = env.get("KFT_STATUS_NAME"); status && !status->empty()) trace::serve_status(*status, w.rank);
   auto pg = detail::make_untraced(w, std::move(store), std::move(o), env);
   // (its id in the dumps: "job", then "job#2", ... for further groups this process makes: the
   // ranks make them in the same order)

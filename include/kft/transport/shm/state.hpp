@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -436,12 +437,16 @@ struct state {
       // The call's deadline is set by its first slow poll; liveness is looked at by every wait
       // of the call, including waits of later phases that start with the deadline already set.
       if (deadline == std::chrono::steady_clock::time_point{}) deadline = now + timeout;
+      // A wait of 10 ms and more notes whom it waits for (no allocation: a fixed array), again
+      // every 100 ms; a dump meanwhile shows it.
+      if (next_note == std::chrono::steady_clock::time_point{}) next_note = now + 10ms;
       if (now >= next_note) {
         next_note = now + 100ms;
-        std::vector<int> missing;
-        for (int r = 0; r < p; ++r)
-          if (r != me && value_of(r) < target) missing.push_back(job_rank_of(r));
-        waits.set(missing);
+        std::array<int, 64> missing{};
+        int n = 0;
+        for (int r = 0; r < p && n < static_cast<int>(missing.size()); ++r)
+          if (r != me && value_of(r) < target) missing[static_cast<std::size_t>(n++)] = job_rank_of(r);
+        waits.set(missing.data(), n);
       }
       if (next_liveness == std::chrono::steady_clock::time_point::max()) next_liveness = now + 50ms;
       if (now >= next_liveness) {
