@@ -101,6 +101,9 @@ int main(int argc, char** argv) {
         o.verify_every = 0;
         o.quiet = true;
         o.zero_stage = a.zero;
+        // (the straggler detection off: its first window of each membership gathers the hosts and
+        // a naming builds its message, which allocate; its windows in between allocate nothing)
+        o.stragglers.every = 0;
         kft::ddp::trainer t(g, m, opt, o);
         std::vector<std::uint32_t> idx(a.batch);
         auto step = [&](int s) {
