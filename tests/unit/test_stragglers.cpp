@@ -168,7 +168,7 @@ struct sleepy {
   int rank = 0, slow_rank = -1;
   std::uint64_t slow_from = 0, steps = 0;
   double slow_factor = 1.2;
-  std::chrono::microseconds base{2000};
+  std::chrono::microseconds base{8000};  // (long enough that wake-up delays and rank 0's reporting stay well under 10%)
   std::vector<ddp::tensor_ref> parameters() { return {{"w", w}}; }
   ddp::stats forward_backward(std::span<const std::uint32_t> idx, ddp::gradients& g) {
     ++steps;
