@@ -25,7 +25,7 @@ case "$mode" in
   asan)
     flag="address,undefined"
     targets=(test_parse test_slurm_lists test_discovery test_store test_shm_collectives test_groups test_ddp
-             kftrun kft-info shm_worker ddp_worker)
+             kftrun kft-info shm_worker ddp_worker status_worker)
     tests='^(test_parse|test_slurm_lists|test_discovery|test_store|test_shm_collectives|test_groups|test_ddp)$|^kftrun\.|^shm\.process\.|^ddp\.process\.|^kft_info\.'
     # Programs that initialise Open MPI: checked for memory errors and UB, but not for leaks.
     # Open MPI unloads its components at MPI_Finalize, so what they keep until exit has stacks
@@ -35,7 +35,7 @@ case "$mode" in
     ;;
   tsan)
     flag="thread"
-    targets=(test_store test_shm_collectives test_groups kftrun kft-info)
+    targets=(test_store test_shm_collectives test_groups kftrun kft-info status_worker)
     # kftrun's tests that start real agents: the store thread beside the agent's loop.
     tests='^(test_store|test_shm_collectives|test_groups)$|^kftrun\.'
     mpi_tests=''

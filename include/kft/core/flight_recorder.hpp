@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,18 +83,39 @@ constexpr std::string_view name(state s) {
   return names[static_cast<int>(s)];
 }
 
+/// @brief A field of an entry that another thread may read while the calling thread writes it
+/// (a live status's thread; a dump from another thread): relaxed atomic loads and stores, plain
+/// moves on x86 and AArch64, so the writer pays nothing and the reader's race is defined.
+template <class T>
+class relaxed {
+ public:
+  relaxed() = default;
+  constexpr relaxed(T v) noexcept : v_(v) {}  // NOLINT(google-explicit-constructor)
+  relaxed(const relaxed&) = delete;
+  relaxed& operator=(const relaxed&) = delete;
+  operator T() const noexcept { return v_.load(std::memory_order_relaxed); }  // NOLINT
+  relaxed& operator=(T v) noexcept {
+    v_.store(v, std::memory_order_relaxed);
+    return *this;
+  }
+
+ private:
+  std::atomic<T> v_{};
+};
+
 /// @brief One recorded call (a slot of the ring). Written by the calling thread (and, for an
 /// asynchronous call, by the thread that completes it); read by a dump, possibly from a signal
-/// handler while a call is being written: a dump may show one entry half-updated, never crash.
+/// handler while a call is being written, or by a live status's thread: a dump may show one
+/// entry half-updated, never crash.
 struct entry {
   std::atomic<std::uint64_t> id{0};  ///< the call's number in this ring (1, 2, ...); 0: empty
-  std::uint64_t seq = 0;             ///< the group's sequence number of the call
+  relaxed<std::uint64_t> seq{0};     ///< the group's sequence number of the call
   /// Identical blocking calls in a row share one entry (`recorder::begin`): the last one's
   /// sequence number, and how many (1: the entry is one call).
-  std::uint64_t seq_last = 0;
-  std::uint32_t calls = 1;
-  std::uint64_t count = 0;           ///< elements
-  std::int64_t enqueue_ns = 0;       ///< issued (steady clock)
+  relaxed<std::uint64_t> seq_last{0};
+  relaxed<std::uint32_t> calls{1};
+  relaxed<std::uint64_t> count{0};      ///< elements
+  relaxed<std::int64_t> enqueue_ns{0};  ///< issued (steady clock)
   std::atomic<std::int64_t> start_ns{0};
   std::atomic<std::int64_t> end_ns{0};
   /// The times' unit: `ticks()` for all three (a blocking call), or ticks for the enqueue and
@@ -102,12 +124,12 @@ struct entry {
   /// True when start (and end) were read for this call; false when the recorder, issuing calls
   /// faster than its budget allows a clock read each, gave it its last reading (an earlier
   /// time: a lower bound of the start) and no end time (`recorder::begin`).
-  bool timed = true;
-  std::uint32_t generation = 0;  ///< the group's membership generation (shrinks and joins)
-  std::int32_t root = -1;        ///< broadcast's root, else -1
-  collective op = collective::none;
-  dtype type = dtype::u8;
-  algo algorithm = algo::automatic;
+  relaxed<bool> timed{true};
+  relaxed<std::uint32_t> generation{0};  ///< the group's membership generation (shrinks and joins)
+  relaxed<std::int32_t> root{-1};        ///< broadcast's root, else -1
+  relaxed<collective> op{collective::none};
+  relaxed<dtype> type{dtype::u8};
+  relaxed<algo> algorithm{algo::automatic};
   std::atomic<state> st{state::empty};
 };
 
@@ -158,8 +180,10 @@ struct registry {
   int waiting_n = 0;
   // What a call in flight waits for now (job ranks), for a dump taken while it waits (SIGUSR1,
   // or kftrun stopping the job): set by a transport's slow wait, cleared when it ends
-  // (`waiting_now`). Either a copy (`now_copy`) or a transport's own list (`now_list`).
-  std::array<int, 64> now_copy{};
+  // (`waiting_now`). Either a copy (`now_copy`, written by the one wait that owns it:
+  // `copy_owned`; `now_list` null) or a transport's own list (`now_list`).
+  std::array<std::atomic<int>, 64> now_copy{};
+  std::atomic<bool> copy_owned{false};
   std::atomic<const int*> now_list{nullptr};
   std::atomic<int> now_n{0};
   std::atomic<std::int64_t> step{-1};  // the training step this process is at (note_step); -1: unknown
@@ -311,7 +335,7 @@ class recorder {
           p.algorithm == a && p.generation == generation && p.st.load(std::memory_order_relaxed) == state::completed &&
           !p.ns_times.load(std::memory_order_relaxed)) {
         p.seq_last = seq;
-        ++p.calls;
+        p.calls = p.calls + 1;  // (one writer)
         p.st.store(state::running, std::memory_order_release);
         return {&p, last, fresh};
       }
@@ -386,6 +410,13 @@ class recorder {
     add("state", std::string(name(e.st.load(std::memory_order_acquire))), true);
     add("start_ns", std::to_string(as_ns(e.start_ns.load(std::memory_order_relaxed), ns, ns_per_tick)), false);
     add("end_ns", std::to_string(as_ns(e.end_ns.load(std::memory_order_relaxed), ns, ns_per_tick)), false);
+    // (rewritten for a newer call meanwhile: what was read may mix two calls; the next look sees it)
+#if defined(__SANITIZE_THREAD__)
+    if (e.id.load(std::memory_order_seq_cst) != n) return {};  // (TSan has no fences)
+#else
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (e.id.load(std::memory_order_relaxed) != n) return {};
+#endif
     return out + "}";
   }
 
@@ -510,9 +541,9 @@ inline bool dump(const char* why) noexcept {
     if (const int k = r.now_n.load(std::memory_order_acquire); k > 0) {
       const int* list = r.now_list.load(std::memory_order_acquire);
       w.text(",\"waiting_now\":[");
-      for (int i = 0; i < k && list; ++i) {
+      for (int i = 0; i < k && i < static_cast<int>(r.now_copy.size()); ++i) {
         if (i) w.text(",");
-        w.number(list[i]);
+        w.number(list ? list[i] : r.now_copy[static_cast<std::size_t>(i)].load(std::memory_order_relaxed));
       }
       w.text("]");
     }
@@ -552,7 +583,8 @@ inline void note_failure(std::string_view what, const std::vector<int>& waiting_
 /// transport's wait sets it when it turns slow (not per call) and it is cleared when the wait
 /// ends, so a dump taken meanwhile (SIGUSR1, or kftrun stopping a failed job) shows whom each
 /// rank waited for, and `kft-trace` follows the chain. The process keeps one such note (the
-/// last wait to set it).
+/// last wait to set it; with several ranks as threads of one process, a copied list is written
+/// by one wait at a time: another's `set` meanwhile notes nothing).
 class waiting_now {
  public:
   waiting_now() = default;
@@ -562,10 +594,15 @@ class waiting_now {
   /// Copies `ranks[0..n)` (at most 64): for a list the caller rebuilds. Allocates nothing.
   void set(const int* ranks, int n) noexcept {
     auto& r = detail::the_registry();
+    if (!owns_copy_) {
+      bool expected = false;
+      if (!r.copy_owned.compare_exchange_strong(expected, true, std::memory_order_acquire)) return;
+      owns_copy_ = true;
+    }
     r.now_n.store(0, std::memory_order_release);
     n = std::min(n, static_cast<int>(r.now_copy.size()));
-    std::copy_n(ranks, n, r.now_copy.begin());
-    r.now_list.store(r.now_copy.data(), std::memory_order_release);
+    for (int i = 0; i < n; ++i) r.now_copy[static_cast<std::size_t>(i)].store(ranks[i], std::memory_order_relaxed);
+    r.now_list.store(nullptr, std::memory_order_release);
     r.now_n.store(n, std::memory_order_release);
     set_ = true;
   }
@@ -578,13 +615,16 @@ class waiting_now {
     set_ = true;
   }
   void clear() noexcept {
-    if (!set_) return;
-    detail::the_registry().now_n.store(0, std::memory_order_release);
+    auto& r = detail::the_registry();
+    if (set_) r.now_n.store(0, std::memory_order_release);
     set_ = false;
+    if (owns_copy_) r.copy_owned.store(false, std::memory_order_release);
+    owns_copy_ = false;
   }
 
  private:
   bool set_ = false;
+  bool owns_copy_ = false;
 };
 
 /// @brief The training step this process is at, for a live status (kftrun's status; the
@@ -633,6 +673,10 @@ inline void on_signal(int sig) {
 /// before is kept (kft's is not installed over it).
 inline void configure(const settings& s, int rank, int world_size, std::string_view host) {
   auto& r = detail::the_registry();
+  // (ranks that are threads of one process, as in tests, configure it one at a time: the last
+  // one's identity stays)
+  static std::mutex one_at_a_time;
+  const std::lock_guard lock(one_at_a_time);
   r.rank = rank;
   std::string id = "\"rank\":" + std::to_string(rank) + ",\"world_size\":" + std::to_string(world_size) + ",\"host\":\"";
   for (char c : host) {
