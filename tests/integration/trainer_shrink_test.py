@@ -17,6 +17,9 @@ three (8 each: divisible, so no share is padded), and finish 2 epochs (20 steps)
     the redo of step 5 when it starts fast; the survivors wait for it after step 7) and gets the survivors' state over the group: all 4 ranks end on the same parameters after
     20 steps, every sample is still seen once per epoch (the replacement's steps counted),
     and deterministic mode ends on the uninterrupted run's bits (lost and regained);
+  - a streaming model (records read from a file): a replacement for rank 2 joins, takes the
+    records' position with the state when its fit() starts, and all 4 ranks end on an
+    uninterrupted streamed run's bits (deterministic mode), every record once per epoch;
   - a replacement that arrives after the last step (a slow restart) finds the job finished and
     leaves, exit 0;
   - deterministic mode, a rank lost around a checkpoint (before its replica check, or rank 0
@@ -35,14 +38,17 @@ from procs import expect  # (this folder is on the path when run as a script)
 KFTRUN, WORKER = sys.argv[1:3]
 
 
-def run(victim, kill_step, *extra, policy="continue", join_delay_ms=None, kill_in_eval=None, kill_in=None):
+def run(victim, kill_step, *extra, policy="continue", join_delay_ms=None, kill_in_eval=None, kill_in=None,
+        records=None, joiner_records=None):
     out = tempfile.mkdtemp(prefix="kft-trainer-shrink-")
     p = subprocess.run([KFTRUN, "--nproc-per-node", "4", "--on-failure", policy,
                         *(["--max-restarts", "1"] if policy == "heal" else []), "--exit-grace", "0", "--", WORKER, out, str(victim), str(kill_step), *extra],
                        capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, **({"TRAINER_SHRINK_JOIN_DELAY_MS": str(join_delay_ms)} if join_delay_ms else {}),
                                 **({"TRAINER_SHRINK_KILL_IN_EVAL": str(kill_in_eval)} if kill_in_eval else {}),
-                                **({"TRAINER_SHRINK_KILL_IN": kill_in} if kill_in else {})))
+                                **({"TRAINER_SHRINK_KILL_IN": kill_in} if kill_in else {}),
+                                **({"TRAINER_SHRINK_RECORDS": records} if records else {}),
+                                **({"TRAINER_SHRINK_JOINER_RECORDS": joiner_records} if joiner_records else {})))
     seen = collections.defaultdict(list)  # (epoch, sample) -> [(rank, step)]
     if os.path.isdir(os.path.join(out, "ckpt")):
         for name in os.listdir(os.path.join(out, "ckpt")):
@@ -178,6 +184,44 @@ def main():
         if mode:
             expect({x for x, _, _ in ev.values()} == {x for x, _, _ in ref.values()},
                    "deterministic eval loss: the uninterrupted run's bits", ev, ref)
+    # A streaming model: the 240 samples as records of one u16 token each (the sample's number).
+    # Rank 2 dies in step 5; its replacement opens the records alone, joins, and takes the
+    # records' position with the state when its fit() starts.
+    rec_dir = tempfile.mkdtemp(prefix="kft-trainer-shrink-records-")
+    records = os.path.join(rec_dir, "samples.u16")
+    with open(records, "wb") as f:
+        f.write(b"".join(i.to_bytes(2, "little") for i in range(240)))
+    try:
+        q, _, sref = run(-1, 0, "deterministic", records=records)
+        expect(q.returncode == 0 and sorted(sref) == [0, 1, 2, 3] and len({x for x, _, _ in sref.values()}) == 1,
+               "streamed: the uninterrupted run", q.returncode, sref, q.stderr[-2000:])
+        h, seen6, healed = run(2, 5, "deterministic", policy="heal", records=records)
+        expect(h.returncode == 0, "streamed heal: kftrun exits 0", h.returncode, h.stderr[-4000:])
+        expect(re.search(r"step \d+: rank\(s\) 2 joined; going on with 4 rank\(s\)", h.stderr),
+               "streamed heal: the trainer says rank 2 joined", h.stderr[-3000:])
+        expect(sorted(healed) == [0, 1, 2, 3] and all(st == 20 and n == 4 for _, st, n in healed.values()),
+               "streamed heal: all 4 ranks, the replacement included, run 20 steps", healed, h.stdout[-2000:])
+        expect(all(len(v) == 1 for v in seen6.values()) and len(seen6) == 480,
+               "streamed heal: every record exactly once in each of the 2 epochs", len(seen6),
+               [kv for kv in seen6.items() if len(kv[1]) != 1][:5])
+        expect(any(r == 102 for v in seen6.values() for r, _ in v), "streamed heal: the replacement trained")
+        expect({x for x, _, _ in healed.values()} == {x for x, _, _ in sref.values()},
+               "streamed heal: lost and regained, the uninterrupted streamed run's bits", healed, sref)
+        # A replacement with other records (one record fewer): the fit() of every rank fails,
+        # naming the joiner's file, where the joiner would otherwise read other records than its
+        # share (kftrun then restarts the job: --max-restarts 1).
+        with open(records + ".short", "wb") as f:
+            f.write(b"".join(i.to_bytes(2, "little") for i in range(239)))
+        b, _, _ = run(2, 5, "deterministic", policy="heal", records=records, joiner_records=records + ".short")
+        said = [line for line in b.stderr.splitlines() if "the record source of rank(s) 2 differs from rank 0's" in line
+                and "samples.u16.short" in line]
+        expect(len(said) == 4, "streamed heal, other records: every rank's fit() fails naming the joiner's file",
+               b.stderr[-3000:])
+    finally:
+        if os.path.exists(records + ".short"):
+            os.unlink(records + ".short")
+        os.unlink(records)
+        os.rmdir(rec_dir)
     # A replacement that comes after the last step (it starts 3 s late; the survivors redo step
     # 20 and finish in well under that): the job is done, it leaves (exit 0).
     late, _, done = run(2, 20, policy="heal", join_delay_ms=3000)

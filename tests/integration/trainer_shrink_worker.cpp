@@ -26,6 +26,11 @@
 //   end         when the last epoch ends: the others fail in the run's summary
 // and the worker prints "trainer_shrink: rank R checkpoints S" (the steps of the files left,
 // the last line before the hash line; "tmp" for each temporary file left).
+// TRAINER_SHRINK_RECORDS=FILE: the same regression on streamed records (a streaming model; FILE
+// holds the 240 samples as records of one u16 token, each naming its sample, written by the
+// test), opened with open_records on every rank; a replacement gets the records' position
+// with the rest of the state when its fit() starts. TRAINER_SHRINK_JOINER_RECORDS=FILE: the
+// replacement reads FILE instead (other records: every rank's fit() fails naming them).
 #include <signal.h>
 
 #include <algorithm>
@@ -41,6 +46,7 @@
 #include <vector>
 
 #include <kft/ddp/optim.hpp>
+#include <kft/ddp/records.hpp>
 #include <kft/ddp/trainer.hpp>
 #include <kft/init.hpp>
 
@@ -108,6 +114,20 @@ struct regression {
   }
 };
 
+// The regression on streamed records: each record's token is its sample's number.
+struct streamed {
+  regression* r = nullptr;
+  std::vector<std::uint32_t> ids;
+  std::vector<ddp::tensor_ref> parameters() { return r->parameters(); }
+  ddp::stats forward_backward(const ddp::record_batch& b, ddp::gradients& g) {
+    ids.clear();
+    for (std::size_t i = 0; i < b.rows; ++i)
+      if (!b.padding[i]) ids.push_back(b.row(i)[0]);
+    return r->forward_backward(ids, g);
+  }
+};
+static_assert(ddp::streaming_model<streamed>);
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,9 +178,9 @@ int main(int argc, char** argv) {
     std::ofstream seen(std::string(argv[1]) + "/seen." + std::to_string(job_rank) + "." + (join ? join : "0"));
     std::uint64_t finished = 0;
     m.finished = &finished;
-    const ddp::trainer<regression, ddp::sgd>* tp = nullptr;
+    std::function<std::uint64_t()> epoch_now;  // the trainer's epoch
     o.on_step = [&](std::uint64_t step) {
-      for (auto i : m.pending) seen << tp->epoch() << " " << step << " " << i << "\n";
+      for (auto i : m.pending) seen << epoch_now() << " " << step << " " << i << "\n";
       seen.flush();
       m.pending.clear();
       finished = step;
@@ -214,9 +234,26 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    ddp::trainer<regression, ddp::sgd> t(pg, m, opt, o);
-    tp = &t;
-    const auto sum = t.fit(samples, m.eval_kill ? 60 : 0);
+    ddp::fit_summary sum;
+    if (const char* records = std::getenv("TRAINER_SHRINK_RECORDS")) {
+      ddp::record_options ro;
+      const char* other = std::getenv("TRAINER_SHRINK_JOINER_RECORDS");
+      ro.files = {join && other ? other : records};
+      ro.token = ddp::token_type::u16;
+      ro.record_tokens = 1;
+      ro.seed = 7;
+      // (a replacement's open_records opens its files alone: its fit() compares them with the members')
+      auto train = ddp::open_records(pg, ro);
+      streamed sm;
+      sm.r = &m;
+      ddp::trainer<streamed, ddp::sgd> t(pg, sm, opt, o);
+      epoch_now = [&t] { return t.epoch(); };
+      sum = t.fit(train);
+    } else {
+      ddp::trainer<regression, ddp::sgd> t(pg, m, opt, o);
+      epoch_now = [&t] { return t.epoch(); };
+      sum = t.fit(samples, m.eval_kill ? 60 : 0);
+    }
     if (!kill_in.empty()) {
       std::vector<std::string> left;
       for (const auto& e : std::filesystem::directory_iterator(o.checkpoint_dir)) {

@@ -504,8 +504,13 @@ void verify_same_source(Group& g, const record_source& s, const kft::options& co
 /// @brief Collective: opens the record source on every rank of `g` and verifies it
 /// (verify_same_source). A rank that cannot open its files makes every rank throw, naming it
 /// and its reason, where the others would otherwise wait for it in the first collective.
+/// On a group that joined a running job (`process_group::newcomer()`: a replacement under
+/// kftrun's `--on-failure heal`) it opens the files alone, as the members are training: the
+/// trainer compares them with the members' when the joiner's fit() starts.
 template <class Group>
 record_source open_records(Group& g, record_options o, const kft::options& co = {}) {
+  if constexpr (requires(const Group& x) { x.newcomer(); })
+    if (g.newcomer()) return record_source(std::move(o));
   std::optional<record_source> s;
   std::string blob;
   try {

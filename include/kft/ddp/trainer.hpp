@@ -185,7 +185,8 @@ struct trainer_options {
   /// `join_rebuilt`); if so the group
   /// admits them and a survivor sends them its parameters, optimizer state, step, sampler
   /// position and RNG over the group (no checkpoint file). A trainer built on a joined group
-  /// (`newcomer()`) receives that state in its constructor and trains on from that step. Costs
+  /// (`newcomer()`) receives that state in its constructor (a streaming model's: when its fit()
+  /// starts, after its records are compared with the members') and trains on from that step. Costs
   /// one store call and one 8-byte broadcast per step, only while ranks are missing.
   std::shared_ptr<rendezvous::store> shrink_store;
   group::shrink_options shrink;
@@ -344,7 +345,10 @@ class trainer {
     if (o_.deterministic) fixed_.emplace(o_.fraction_bits, o_.micro_shards * o_.accumulate, sizes_);
     verify_metrics();
     if (joined_running_group()) {  // a restarted worker: the members' state, over the group
-      (void)welcome_newcomers(true);
+      // (a streaming model's when its fit() starts: the records are compared first, and the
+      // members wait for it there)
+      if constexpr (streams) welcome_pending_ = true;
+      else (void)welcome_newcomers(true);
       return;
     }
     if (o_.resume && !o_.checkpoint_dir.empty()) resume();
@@ -465,9 +469,16 @@ class trainer {
       throw usage_error("trainer: the test records are the training source itself (pass another record_source; "
                             "evaluating moves its position)",
                         site("ddp fit"));
-    verify_same_source(c_, train, options{});
-    if (test) verify_same_source(c_, *test, options{});
-    if (restored_) {
+    if (welcome_pending_) {  // a rank that joined a running group: the members' state now
+      welcome_pending_ = false;
+      src_ = &train;
+      test_src_ = test;
+      (void)welcome_newcomers(true);
+    } else {
+      verify_same_source(c_, train, options{});
+      if (test) verify_same_source(c_, *test, options{});
+    }
+    if (restored_ && !joined_) {
       const auto theirs = record_fingerprint::decode(restored_records_);
       const std::string diff =
           theirs ? difference(*theirs, "the checkpoint", train.fingerprint(), "this run's records", false)
@@ -1306,10 +1317,6 @@ class trainer {
         throw usage_error("trainer: this rank joined a running group (process_group::join, KFT_JOIN) but "
                               "trainer_options::shrink_store is not set (the members admit joiners through it)",
                           site("ddp join"));
-      if constexpr (streams)
-        throw usage_error("trainer: a rank joining a running group needs an indexed model for now (a streaming "
-                              "model's record sources are compared when fit() starts)",
-                          site("ddp join"));
       return true;
     } else {
       return false;
@@ -1319,7 +1326,7 @@ class trainer {
   // At a step boundary while the group has lost ranks: admits the ranks waiting to join (one
   // store call on rank 0, one broadcast) and sends them the state.
   void admit_joiners() {
-    if constexpr (requires(Group& g) { g.grow(o_.shrink_store, o_.shrink); } && !streams) {
+    if constexpr (requires(Group& g) { g.grow(o_.shrink_store, o_.shrink); }) {
       if (g_.size() >= g_.founding_size()) return;
       if (g_.waiting_to_join(o_.shrink_store) == 0) return;
       const auto t0 = clk::now();
@@ -1358,6 +1365,14 @@ class trainer {
                         "the job without KFT_JOIN)",
                         site("ddp join"));
     const int root = static_cast<int>(src);
+    if constexpr (streams) {
+      // Every rank's record sources (training, and test or none) against rank 0's, as fit()
+      // compares them when it starts: a joiner with other records fails here on every rank.
+      verify_same_source(c_, *src_, options{});
+      detail::check_record_blobs(
+          c_, test_src_ ? test_src_->fingerprint().encode() : std::string("!its fit() was given no test records"),
+          options{});
+    }
     broadcast_state(root);
     const sampler_state ss = has_feed() ? feed().state() : sampler_state{o_.seed, epoch_, 0};
     std::uint64_t pos[9] = {step_, ss.epoch, ss.cursor, ss.seed, rng_.state, o_.global_batch, o_.micro_shards, 0, phases_};
@@ -1367,7 +1382,8 @@ class trainer {
     scale.resize(static_cast<std::size_t>(pos[7]));
     if (pos[7]) c_.broadcast(scale.data(), scale.data(), scale.size(), dtype::u8, root, options{});
     if (newcomer) {
-      if (pos[3] != o_.seed)
+      // (a streaming model's position carries its records' seed, compared with the records above)
+      if (!streams && pos[3] != o_.seed)
         throw usage_error("trainer: the group this rank joined trains with seed " + std::to_string(pos[3]) +
                               ", this rank's options say " + std::to_string(o_.seed),
                           site("ddp join"));
@@ -1382,6 +1398,7 @@ class trainer {
         fixed_.emplace(o_.fraction_bits, o_.micro_shards * o_.accumulate, sizes_);
       }
       if (!scale.empty()) scaler_.load(scale, "the loss scale sent by rank " + std::to_string(root));
+      joined_ = true;
       note("joined the running group at step " + std::to_string(step_) + " (epoch " + std::to_string(epoch_ + 1) +
            ", sample " + std::to_string(pos[2]) + "): state from rank " + std::to_string(root));
     }
@@ -1715,6 +1732,8 @@ class trainer {
   std::size_t micro_n_ = 0;
   std::optional<distributed_sampler> sampler_;  // an indexed model's
   record_source* src_ = nullptr;                // a streaming model's training records (fit())
+  bool welcome_pending_ = false;  // a streaming model's joiner: the members' state comes in fit()
+  bool joined_ = false;           // this rank joined a running group: its position came from a member
   record_source* test_src_ = nullptr;           // ... and its test records
   record_batch eval_records_;                   // this rank's share of an evaluation batch
   std::optional<sampler_state> restored_;
