@@ -8,7 +8,24 @@
 #     A Boost.Test executable run under Open MPI's mpirun once per rank count, registered as
 #     <name>.<n>ranks (label "mpi"), with --oversubscribe so more ranks than cores work.
 
+#
+#   kft_suite_computes(<targets...>)
+#     Programs whose tests spend their time computing (the conformance sweeps): built with
+#     KFT_SUITE_OPTIMIZE_COMPUTE when it is set (it comes after the directory's
+#     KFT_SUITE_OPTIMIZE, so it wins). Targets that do not exist are skipped.
+
 find_package(Boost 1.74 REQUIRED COMPONENTS unit_test_framework)
+
+function(kft_suite_computes)
+  if(NOT KFT_SUITE_OPTIMIZE_COMPUTE)
+    return()
+  endif()
+  foreach(t IN LISTS ARGN)
+    if(TARGET ${t})
+      target_compile_options(${t} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${KFT_SUITE_OPTIMIZE_COMPUTE}>")
+    endif()
+  endforeach()
+endfunction()
 
 function(_kft_test_executable name)
   cmake_parse_arguments(T "" "" "SOURCES;LIBRARIES" ${ARGN})
