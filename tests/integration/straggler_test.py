@@ -4,7 +4,7 @@
 
     straggler_test.py KFTRUN WORKER
 
-2 ranks under kftrun, each pinned to a CPU of its own, train 300 steps of about 10 ms of work.
+2 ranks under kftrun, each pinned to a CPU of its own, train 200 steps of about 10 ms of work.
 Rank 1 joins a CPU cgroup whose quota is 1/1.2 of one CPU (CFS period 10 ms: it gets 8.33 ms of
 every 10) just before step 101, so from there its work takes about 20% longer. Checked:
   - rank 1 is named within 30 steps of step 101, on the console (stderr, "kft: step S: rank 1
@@ -17,9 +17,9 @@ subtree_control) or v1's (/sys/fs/cgroup/cpu/<name>/cpu.cfs_quota_us), removed a
 neither can be made (not root, a read-only cgroup file system) rank 1 is slowed instead by a
 process on its CPU that spins 1/6 of every 6 ms (the reason is printed). A machine shared with
 other work can slow a rank for seconds, which the run rightly names: each scenario passes when
-one of 3 attempts does, and each failed attempt is printed. Before each attempt the machine
-alone is measured (the same arithmetic on each CPU, no kft, 3 s): a failed attempt while the CPUs
-alone differed by 10% or more for two windows in a row is inconclusive; a scenario whose every
+one of 3 attempts does, and each failed attempt is printed. Right after a failed attempt the
+machine alone is measured (the same arithmetic on each CPU, no kft, 3 s): a failed attempt while
+the CPUs alone differed by 10% or more for two windows in a row is inconclusive; a scenario whose every
 attempt was inconclusive makes the test exit 77 (skipped), saying so.
 """
 import json
@@ -32,7 +32,7 @@ import time
 
 KFTRUN, WORKER = sys.argv[1:3]
 SLOW_STEP = 101
-STEPS = 300
+STEPS = 200  # (rank 1 slowed from step 101: named by 131, and 69 steps to see nothing more)
 PERIOD_US = 10000
 QUOTA_US = int(PERIOD_US / 1.2)  # 20% slower on a CPU of its own
 
@@ -213,16 +213,16 @@ def machine_noise(seconds=3.0, window_s=0.1):
 
 def attempts(what, f, n=3):
     """A scenario passes when one of `n` attempts does. A machine shared with other work can
-    slow one CPU for seconds (a real straggler, which a run then rightly names), so before each
-    attempt the machine alone is measured (machine_noise): an attempt that fails while the CPUs
+    slow one CPU for seconds (a real straggler, which a run then rightly names), so right after a
+    failed attempt the machine alone is measured (machine_noise): an attempt that fails while the CPUs
     alone differed by 10% or more for two windows in a row is inconclusive, not a failure. Each
     failed attempt is printed. Returns (failures, the inconclusive attempts' noise)."""
     wrong, noisy = [], []
     for k in range(n):
-        noise = machine_noise()
         got = f()
         if not got:
             return [], []
+        noise = machine_noise()
         print(f"straggler_test: {what}, attempt {k + 1} of {n} (the CPUs alone differed by up to {noise * 100:.1f}% "
               f"in two windows in a row): " + "; ".join(w.splitlines()[0] for w in got), flush=True)
         if noise >= 0.10:
