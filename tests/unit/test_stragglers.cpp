@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <kft/ddp/optim.hpp>
 #include <kft/ddp/stragglers.hpp>
 #include <kft/ddp/trainer.hpp>
@@ -320,4 +322,36 @@ BOOST_AUTO_TEST_CASE(a_recovered_rank_is_said_once) {
     BOOST_TEST(ev[1].step > 40u);
     BOOST_TEST(ev[1].step <= 70u);
   }
+}
+
+// The JSON log's strings are escaped: a host name or a checkpoint path with a quote, a
+// backslash or a control character still makes one valid JSON line each.
+BOOST_AUTO_TEST_CASE(the_json_log_escapes_host_names_and_paths) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kft-straggler-log-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / "log.jsonl").string();
+  const std::string host = "node\"7\\a\tb";
+  const std::string file = (dir / "ckpt \"x\"\\1.kft").string();
+  {
+    ddp::console_report r(0, 2, true, path);
+    ddp::straggler_event e;
+    e.step = 12;
+    e.rank = 1;
+    e.ranks = 2;
+    e.host = host;
+    e.seconds = 0.012;
+    e.median = 0.010;
+    e.excess = 0.2;
+    r.on_straggler(e);
+    r.on_checkpoint(12, file, 64);
+  }
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  std::filesystem::remove_all(dir);
+  BOOST_REQUIRE_EQUAL(lines.size(), 2u);
+  BOOST_TEST(lines[0]["event"] == "straggler");
+  BOOST_TEST(lines[0]["host"] == host);
+  BOOST_TEST(lines[1]["event"] == "checkpoint");
+  BOOST_TEST(lines[1]["file"] == file);
 }

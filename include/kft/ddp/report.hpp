@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <kft/core/error.hpp>
@@ -211,7 +212,7 @@ class console_report : public observer {
   }
 
   void on_checkpoint(std::uint64_t step, const std::string& file, std::size_t bytes) override {
-    log("{\"event\":\"checkpoint\",\"step\":" + std::to_string(step) + ",\"file\":\"" + file +
+    log("{\"event\":\"checkpoint\",\"step\":" + std::to_string(step) + ",\"file\":\"" + text(file) +
         "\",\"bytes\":" + std::to_string(bytes) + "}");
   }
 
@@ -231,7 +232,7 @@ class console_report : public observer {
     std::fflush(stderr);
     log(std::string("{\"event\":\"") + (s.recovered ? "straggler_recovered" : "straggler") + "\",\"step\":" +
         std::to_string(s.step) + ",\"rank\":" + std::to_string(s.rank) + ",\"ranks\":" + std::to_string(s.ranks) +
-        ",\"host\":\"" + s.host + "\",\"seconds_per_step\":" + num(s.seconds, 6) + ",\"median_seconds_per_step\":" +
+        ",\"host\":\"" + text(s.host) + "\",\"seconds_per_step\":" + num(s.seconds, 6) + ",\"median_seconds_per_step\":" +
         num(s.median, 6) + ",\"excess\":" + num(s.excess) + "}");
   }
 
@@ -304,6 +305,24 @@ class console_report : public observer {
     char b[64];
     std::snprintf(b, sizeof b, "%.*f", prec, v);
     return b;
+  }
+  // A JSON string's contents: quotes and backslashes escaped, control characters as \u00XX (a
+  // host name or a path may hold any of them).
+  static std::string text(std::string_view s) {
+    std::string out;
+    for (char c : s) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += c;
+      } else if (static_cast<unsigned char>(c) < 0x20) {
+        char b[8];
+        std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+        out += b;
+      } else {
+        out += c;
+      }
+    }
+    return out;
   }
   void say(const std::string& s) {
     if (on_ && !quiet_) std::fprintf(stdout, "%s\n", s.c_str()), std::fflush(stdout);
