@@ -414,6 +414,13 @@ struct state {
         if (r != me && value_of(r) < target) all = false;
       if (all) return;
       if (hdr->aborted.load(std::memory_order_acquire)) {
+        // A peer that stopped the group after it got this far (it arrived, then found the
+        // calls differ): its progress is seen first, so the caller's own check names what it
+        // found (both ranks of a mismatch throw mismatch_error), and a later wait sees the stop.
+        bool now = true;
+        for (int r = 0; r < p && now; ++r)
+          if (r != me && value_of(r) < target) now = false;
+        if (now) return;
         const int by = hdr->abort_rank.load(std::memory_order_acquire);
         stop.set(who(by) + " stopped the group");
         throw remote_error(who(by) + " stopped the group: " + std::string(hdr->abort_reason),
