@@ -20,6 +20,9 @@ three (8 each: divisible, so no share is padded), and finish 2 epochs (20 steps)
   - a streaming model (records read from a file): a replacement for rank 2 joins, takes the
     records' position with the state when its fit() starts, and all 4 ranks end on an
     uninterrupted streamed run's bits (deterministic mode), every record once per epoch;
+  - deterministic heal, a rank lost during the join itself (a member, or the replacement, once
+    the group has grown and before the state is sent): the others shrink, redo the join, and
+    end on the uninterrupted run's bits, every sample once per epoch;
   - a replacement that arrives after the last step (a slow restart) finds the job finished and
     leaves, exit 0;
   - deterministic mode, a rank lost around a checkpoint (before its replica check, or rank 0
@@ -39,14 +42,15 @@ KFTRUN, WORKER = sys.argv[1:3]
 
 
 def run(victim, kill_step, *extra, policy="continue", join_delay_ms=None, kill_in_eval=None, kill_in=None,
-        records=None, joiner_records=None):
+        records=None, joiner_records=None, kill_in_join=None, restarts=1):
     out = tempfile.mkdtemp(prefix="kft-trainer-shrink-")
     p = subprocess.run([KFTRUN, "--nproc-per-node", "4", "--on-failure", policy,
-                        *(["--max-restarts", "1"] if policy == "heal" else []), "--exit-grace", "0", "--", WORKER, out, str(victim), str(kill_step), *extra],
+                        *(["--max-restarts", str(restarts)] if policy == "heal" else []), "--exit-grace", "0", "--", WORKER, out, str(victim), str(kill_step), *extra],
                        capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, **({"TRAINER_SHRINK_JOIN_DELAY_MS": str(join_delay_ms)} if join_delay_ms else {}),
                                 **({"TRAINER_SHRINK_KILL_IN_EVAL": str(kill_in_eval)} if kill_in_eval else {}),
                                 **({"TRAINER_SHRINK_KILL_IN": kill_in} if kill_in else {}),
+                                **({"TRAINER_SHRINK_KILL_IN_JOIN": kill_in_join} if kill_in_join else {}),
                                 **({"TRAINER_SHRINK_RECORDS": records} if records else {}),
                                 **({"TRAINER_SHRINK_JOINER_RECORDS": joiner_records} if joiner_records else {})))
     seen = collections.defaultdict(list)  # (epoch, sample) -> [(rank, step)]
@@ -167,6 +171,32 @@ def main():
             expect({x for x, _, _ in healed.values()} == {x for x, _, _ in ref.values()},
                    "deterministic heal: a run that lost and regained a rank ends on the uninterrupted run's bits",
                    healed, ref)
+            # A rank lost during the join itself, once the group has grown to 4 again and before
+            # the state is sent: a member (job rank 1), or the replacement. The others are in
+            # the join's collectives: they shrink, send the state again (or to nobody), and a
+            # second replacement joins later (or finds the job finished and leaves). And job
+            # rank 1 lost at the boundary where the survivors (waiting after step 7 for the
+            # replacement, which starts 0.7 s late) are about to admit it: they shrink first (or
+            # give the grow up, or decide it without rank 1 after the window), then admit it.
+            for who, said in [("member", r"lost rank\(s\) 1 of 4 \(.*\); going on with 3 rank\(s\).*redoing the join"),
+                              ("joiner", r"lost rank\(s\) 2 of 4 \(.*\); going on with 3 rank\(s\).*redoing the join"),
+                              ("boundary", r"lost rank\(s\) 1 of 3 |joined, rank\(s\) 1 lost;")]:
+                j, seen7, jh = run(2, 5, *mode, policy="heal", kill_in_join=who, restarts=2,
+                                   join_delay_ms=700 if who == "boundary" else None)
+                expect(j.returncode == 0, f"loss in the join ({who}): kftrun exits 0", j.returncode, j.stderr[-4000:])
+                expect(re.search(said, j.stderr) and re.search(r"rank\(s\) 2 joined", j.stderr),
+                       f"loss in the join ({who}): the survivors say whom they lost, and rank 2 joined",
+                       j.stderr[-4000:])
+                finished = {r: v for r, v in jh.items()}
+                expect(len(finished) >= 3 and len({x for x, _, _ in finished.values()}) == 1 and
+                       all(st == 20 for _, st, _ in finished.values()),
+                       f"loss in the join ({who}): every rank left runs 20 steps and ends on the same parameters",
+                       jh, j.stdout[-2000:])
+                expect({x for x, _, _ in finished.values()} == {x for x, _, _ in ref.values()},
+                       f"loss in the join ({who}): the uninterrupted run's bits", jh, ref)
+                expect(all(len(v) == 1 for v in seen7.values()) and len(seen7) == 480,
+                       f"loss in the join ({who}): every sample exactly once in each of the 2 epochs", len(seen7),
+                       [kv for kv in seen7.items() if len(kv[1]) != 1][:5])
         # A rank lost in an evaluation (its 2nd, after step 6; evaluations every 3 steps and at
         # each epoch's end): the survivors redo it (or take it from one that finished it) and go on.
         v, seen4, ev = run(2, 0, *mode, kill_in_eval=2)

@@ -31,6 +31,12 @@
 // test), opened with open_records on every rank; a replacement gets the records' position
 // with the rest of the state when its fit() starts. TRAINER_SHRINK_JOINER_RECORDS=FILE: the
 // replacement reads FILE instead (other records: every rank's fit() fails naming them).
+// TRAINER_SHRINK_KILL_IN_JOIN=member|joiner (under heal, with two replacements): as the first
+// replacement joins, once the group has grown and before the state is sent (the others are in
+// the join's collectives), job rank 1 (a member) or that replacement kills itself; =boundary:
+// job rank 1 kills itself at the boundary where the survivors, waiting after step KILL_STEP + 2,
+// see the replacement's ticket (they admit it without rank 1: the grow is given up, or decided
+// without it after the window).
 #include <signal.h>
 
 #include <algorithm>
@@ -179,6 +185,8 @@ int main(int argc, char** argv) {
     std::uint64_t finished = 0;
     m.finished = &finished;
     std::function<std::uint64_t()> epoch_now;  // the trainer's epoch
+    const bool kill_at_boundary = std::getenv("TRAINER_SHRINK_KILL_IN_JOIN") &&
+                                  std::string(std::getenv("TRAINER_SHRINK_KILL_IN_JOIN")) == "boundary";
     o.on_step = [&](std::uint64_t step) {
       for (auto i : m.pending) seen << epoch_now() << " " << step << " " << i << "\n";
       seen.flush();
@@ -189,6 +197,7 @@ int main(int argc, char** argv) {
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
         while (pg.waiting_to_join(job.store()) == 0 && std::chrono::steady_clock::now() < until)
           std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (kill_at_boundary && job_rank == 1 && !join) ::raise(SIGKILL);  // (the joiner is waiting now)
       }
     };
     if (const char* e = std::getenv("TRAINER_SHRINK_KILL_IN_EVAL")) {  // evaluations every 3 steps, 60 test samples
@@ -233,6 +242,24 @@ int main(int argc, char** argv) {
                      kill_in.c_str());
         return 2;
       }
+    }
+    struct join_killer : ddp::observer {
+      std::string who;
+      bool member = false, first_replacement = false;
+      void on_membership(const ddp::membership_point& p) override {
+        if ((who == "member" && member && !p.newcomer && !p.joined.empty()) || (who == "joiner" && first_replacement && p.newcomer))
+          ::raise(SIGKILL);
+      }
+    } join_kill;
+    if (const char* w = std::getenv("TRAINER_SHRINK_KILL_IN_JOIN")) {
+      join_kill.who = w;
+      if (join_kill.who != "member" && join_kill.who != "joiner" && join_kill.who != "boundary") {
+        std::fprintf(stderr, "trainer_shrink_worker: TRAINER_SHRINK_KILL_IN_JOIN=%s is not member, joiner or boundary\n", w);
+        return 2;
+      }
+      join_kill.member = !join && job_rank == 1;
+      join_kill.first_replacement = join && std::string(join) == "1";
+      o.observers.push_back(&join_kill);
     }
     ddp::fit_summary sum;
     if (const char* records = std::getenv("TRAINER_SHRINK_RECORDS")) {

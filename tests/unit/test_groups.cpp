@@ -689,3 +689,91 @@ BOOST_AUTO_TEST_CASE(a_joiner_is_told_the_group_finished_or_not_admitted_in_time
     BOOST_CHECK_THROW((void)kft::group::request_to_join(s, "bad", 4, 4, std::chrono::seconds(5)), kft::usage_error);
   }
 }
+
+BOOST_AUTO_TEST_CASE(a_shrink_that_meets_a_grow_gives_the_generation_up_and_the_joiner_is_admitted_again) {
+  // Generation 1 is members 0,1,2 (founding 3 lost). Rank 0 admits founding rank 3's ticket
+  // to generation 2 (expecting 4) while member 2 dies: rank 1 sees it and shrinks (shrink
+  // intent, generation 2) where rank 0 and the joiner grow. The decision is "void": rank 0 is
+  // told (generation_void_error) and shrinks too; rank 1 goes on to generation 3 by itself;
+  // both agree on 0,1 there. The joiner waits; rank 0 admits it again to generation 4, and
+  // all three meet there.
+  kft::rendezvous::memory_store s;
+  const kft::group::shrink_options o{.window = std::chrono::milliseconds(3000), .timeout = std::chrono::seconds(20)};
+  std::vector<agreed> r(4);
+  std::vector<std::uint64_t> gen(4, 0);
+  std::string rank0_void;
+  std::vector<std::thread> ts;
+  ts.emplace_back([&] {  // the joiner
+    try {
+      auto [a, m] = kft::group::join_members(s, "v", 3, 4, std::chrono::seconds(20), o);
+      r[3].members = m.members;
+      gen[3] = m.generation;
+    } catch (const kft::error& e) {
+      r[3].error = e.what();
+    }
+  });
+  ts.emplace_back([&] {  // rank 0: admits, grows, is told the generation was given up, shrinks, admits again
+    try {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (kft::group::join_tickets(s, "v") == 0 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      kft::group::admit_joiners(s, "v", 0, 1, 2, 4);
+      try {
+        (void)kft::group::agree_on_members(s, "v", 2, 0, 4, 4, o, {}, 0, kft::group::intent::grow);
+        r[0].error = "the grow was not given up";
+        return;
+      } catch (const kft::group::generation_void_error& e) {
+        rank0_void = e.what();
+      }
+      const std::vector<int> lost{2};
+      auto m = kft::group::agree_on_members(s, "v", 2, 0, 4, 2, o, lost, 3);
+      gen[0] = m.generation;
+      kft::group::admit_joiners(s, "v", 0, 1, m.generation + 1, 3);
+      auto g = kft::group::agree_on_members(s, "v", m.generation + 1, 0, 4, 3, o, {}, 0, kft::group::intent::grow);
+      r[0].members = g.members;
+    } catch (const kft::error& e) {
+      r[0].error = e.what();
+    }
+  });
+  ts.emplace_back([&] {  // rank 1: saw member 2 die; shrinks, then grows with rank 0
+    try {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (after rank 0's grow arrival)
+      const std::vector<int> lost{2};
+      auto m = kft::group::agree_on_members(s, "v", 2, 1, 4, 2, o, lost, 3);
+      gen[1] = m.generation;
+      if (m.members != std::vector<int>{0, 1}) r[1].error = "shrank to " + m.describe();
+      auto g = kft::group::agree_on_members(s, "v", m.generation + 1, 1, 4, 3, o, {}, 0, kft::group::intent::grow);
+      r[1].members = g.members;
+    } catch (const kft::error& e) {
+      r[1].error = e.what();
+    }
+  });
+  for (auto& t : ts) t.join();
+  BOOST_TEST(s.try_get("shrink/v/g2/members").value_or("") == "void");
+  BOOST_TEST(rank0_void.find("generation 2 was given up") != std::string::npos, rank0_void);
+  BOOST_TEST(gen[0] == 3u);
+  BOOST_TEST(gen[1] == 3u);
+  BOOST_TEST(gen[3] == 4u);
+  for (int id : {0, 1, 3}) {
+    BOOST_TEST(r[static_cast<std::size_t>(id)].error == "", "rank " << id);
+    BOOST_TEST(r[static_cast<std::size_t>(id)].members == (std::vector<int>{0, 1, 3}), boost::test_tools::per_element());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_shrink_skips_a_generation_whose_group_could_not_be_built) {
+  // Generation 1 was decided (0,1,2) but member 2 died before the build, which failed and
+  // marked it: the survivors' shrink does not read that decision again, it agrees on 2.
+  kft::rendezvous::memory_store s;
+  s.set("shrink/f/g1/members", "0,1,2");
+  kft::group::detail::mark_failed(s, "f", 1);
+  const std::vector<int> lost{2};
+  std::vector<kft::group::membership> m(2);
+  std::vector<std::thread> ts;
+  for (int id : {0, 1})
+    ts.emplace_back([&, id] { m[static_cast<std::size_t>(id)] = kft::group::agree_on_survivors(s, "f", 1, id, 3, lost); });
+  for (auto& t : ts) t.join();
+  for (const auto& x : m) {
+    BOOST_TEST(x.generation == 2u);
+    BOOST_TEST(x.members == (std::vector<int>{0, 1}), boost::test_tools::per_element());
+  }
+}

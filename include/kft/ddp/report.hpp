@@ -103,6 +103,19 @@ struct fit_summary {
   std::uint64_t stragglers = 0;     ///< times a rank was named a straggler (trainer_options::stragglers)
 };
 
+/// @brief The group changed shape (trainer_options::shrink_store): ranks were lost (a shrink) or
+/// joined (a grow). Told on every rank of the new group, before any state is sent; a joiner is
+/// told once, as it is about to be sent the state (`newcomer`: it knows its generation and rank
+/// only).
+struct membership_point {
+  std::uint64_t generation = 0;  ///< how many times the group changed
+  std::vector<int> members{};    ///< the ranks now, by founding rank (a newcomer: empty)
+  std::vector<int> joined{};     ///< founding ranks that joined in this change
+  std::vector<int> lost{};       ///< founding ranks lost in this change
+  int rank = 0;                  ///< this rank's rank in the new group
+  bool newcomer = false;         ///< this rank joined and holds no state yet
+};
+
 /// @brief Told what a run does, on every rank (a checkpoint: on the rank that wrote it); every
 /// member has a default that does nothing.
 class observer {
@@ -117,6 +130,8 @@ class observer {
   virtual void on_note(const std::string&) {}  ///< resumes, skipped files: one line of words
   /// A rank started straggling, or recovered (stragglers.hpp): the same event on every rank.
   virtual void on_straggler(const straggler_event&) {}
+  /// The group shrank or grew (membership_point): the same event on every rank of the new group.
+  virtual void on_membership(const membership_point&) {}
   virtual void on_summary(const fit_summary&) {}
 };
 

@@ -347,8 +347,13 @@ class trainer {
     if (joined_running_group()) {  // a restarted worker: the members' state, over the group
       // (a streaming model's when its fit() starts: the records are compared first, and the
       // members wait for it there)
-      if constexpr (streams) welcome_pending_ = true;
-      else (void)welcome_newcomers(true);
+      stateless_ = true;
+      if constexpr (streams) {
+        welcome_pending_ = true;
+      } else {
+        tell([&](observer& x) { x.on_membership(joiner_point()); });
+        (void)welcome_phase();
+      }
       return;
     }
     if (o_.resume && !o_.checkpoint_dir.empty()) resume();
@@ -473,7 +478,8 @@ class trainer {
       welcome_pending_ = false;
       src_ = &train;
       test_src_ = test;
-      (void)welcome_newcomers(true);
+      tell([&](observer& x) { x.on_membership(joiner_point()); });
+      (void)welcome_phase();
     } else {
       verify_same_source(c_, train, options{});
       if (test) verify_same_source(c_, *test, options{});
@@ -541,7 +547,8 @@ class trainer {
       const std::uint64_t steps_in_epoch = (data.batches_left(o_.global_batch) + o_.accumulate - 1) / o_.accumulate;
       std::uint64_t k = 0;
       while (!stop) {
-        if (o_.shrink_store && data.next(o_.global_batch)) admit_joiners();  // (a step follows: they join at it)
+        // (a step follows: they join at it; a change of the group starts the boundary again)
+        if (o_.shrink_store && data.next(o_.global_batch) && admit_joiners()) continue;
         const auto position = data.state();  // (a few integers: where a redone step starts)
         const std::uint64_t step_before = step_;
         const auto t_data = clk::now();
@@ -1144,7 +1151,12 @@ class trainer {
   // finished it (a step: parameters, optimizer state, step; an evaluation or the epoch's
   // statistics: the reduced statistics) and go on; the ones ahead, or everyone when all stand
   // together, redo the phase they were in.
-  enum class phase : std::int64_t { step = 1, evaluation = 2, epoch_statistics = 3, checkpoint = 4, summary = 5 };
+  //
+  // A join is one of them too (`welcome`): the members and the joiners count it, and a rank
+  // lost while the state is being sent is survived like a rank lost in a step. A joiner holds
+  // no state until it is sent (`stateless_`): it takes no part in the counts, and is always
+  // behind.
+  enum class phase : std::int64_t { step = 1, evaluation = 2, epoch_statistics = 3, checkpoint = 4, summary = 5, welcome = 6 };
   enum class recovery { redo, caught_up };
   static const char* name_of(phase k) {
     switch (k) {
@@ -1152,6 +1164,7 @@ class trainer {
       case phase::evaluation: return "evaluation";
       case phase::epoch_statistics: return "epoch's statistics";
       case phase::checkpoint: return "checkpoint";
+      case phase::welcome: return "join";
       case phase::summary: break;
     }
     return "run's summary";
@@ -1160,9 +1173,11 @@ class trainer {
   // What a lost rank looks like from the survivors: a peer's process gone or its group stopped
   // (remote_error), a connection cut (transport_error: Gloo between nodes), or a rank silent
   // past the deadline (timeout_error: stopped, or cut off). Bad arguments and mismatches are not.
+  // A grow given up because ranks shrinking after a loss met it (group::generation_void_error)
+  // is one too: the ranks that were growing shrink with the others.
   static bool a_loss(const error& e) {
     return dynamic_cast<const remote_error*>(&e) || dynamic_cast<const transport_error*>(&e) ||
-           dynamic_cast<const timeout_error*>(&e);
+           dynamic_cast<const timeout_error*>(&e) || dynamic_cast<const group::generation_void_error*>(&e);
   }
 
   // A phase whose outcome is reduced statistics, survived (trainer_options::shrink_store).
@@ -1227,6 +1242,7 @@ class trainer {
       const int before = g_.size();
       r_.reset();  // its work on the failed group ends with the group's error
       const auto m = g_.shrink(o_.shrink_store, o_.shrink);
+      members_now_ = m;
       const std::string who = "rank(s) " + group::membership::list(m.lost());
       if (o_.deterministic && o_.micro_shards % static_cast<std::uint64_t>(m.size()) != 0)
         throw usage_error("trainer: after losing " + who + ", deterministic mode cannot go on with " +
@@ -1236,10 +1252,23 @@ class trainer {
                           site("ddp shrink", step_ + 1));
       r_.emplace(g_, params_, ro_, trainer_hook{false});
       console_->set_rank(g_.rank());  // (a lost rank 0: the new one reports)
-      std::int64_t lo = static_cast<std::int64_t>(phases_), hi = lo;
+      tell([&](observer& x) { x.on_membership(membership_of(m, stateless_)); });
+      // (a joiner not sent the state yet counts nothing: it is behind whoever holds the state)
+      std::int64_t lo = stateless_ ? std::numeric_limits<std::int64_t>::max() : static_cast<std::int64_t>(phases_);
+      std::int64_t high[2] = {stateless_ ? std::int64_t{-1} : static_cast<std::int64_t>(phases_), stateless_ ? 1 : 0};
       g_.allreduce(&lo, &lo, 1, dtype::i64, op_kind::min, options{});
-      g_.allreduce(&hi, &hi, 1, dtype::i64, op_kind::max, options{});
-      const bool behind = static_cast<std::int64_t>(phases_) < hi;
+      g_.allreduce(high, high, 2, dtype::i64, op_kind::max, options{});
+      const std::int64_t hi = high[0];
+      // Joiners still without the state (none of the members finished the join): they redo it
+      // with the members, which compares the replicas; not before.
+      const bool joiners_wait = high[1] > 0 && lo == hi;
+      if (hi < 0)
+        throw group::membership_error("trainer: after losing " + who + ", no rank left holds the training state (the "
+                                   "ranks left had joined and were still being sent it); restart the job from a "
+                                   "checkpoint; the error was: " + e.what(),
+                               site("ddp join", step_ + 1));
+      // (a joiner is behind when some finished the join; when none did, it redoes it with them)
+      const bool behind = stateless_ ? lo != hi : static_cast<std::int64_t>(phases_) < hi;
       if (lo != hi) {
         // The lowest new rank among those that finished phase `hi` gives its outcome.
         std::int64_t src = behind ? std::numeric_limits<std::int64_t>::max() : g_.rank();
@@ -1255,6 +1284,9 @@ class trainer {
         if (static_cast<phase>(head[0]) == phase::step) {
           broadcast_state(root);
           step_ = static_cast<std::uint64_t>(head[1]);
+        } else if (static_cast<phase>(head[0]) == phase::welcome) {
+          send_state(root, stateless_);  // (what the join sends: a joiner takes it; the members have it)
+          if (behind) last_phase_ = k;
         } else if (static_cast<phase>(head[0]) == phase::checkpoint || static_cast<phase>(head[0]) == phase::summary) {
           if (behind) last_phase_ = k;  // (no outcome to take: a checkpoint's file is rank 0's, below)
         } else {
@@ -1278,7 +1310,8 @@ class trainer {
                                           : std::string("redoing the ") + name_of(k);
         std::fprintf(stderr,
                      "kft: step %llu: lost %s of %d (%s); going on with %d rank(s) (members %s, generation %llu), %s\n",
-                     static_cast<unsigned long long>(step_before + (k == phase::step ? 1 : 0)), who.c_str(), before,
+                     static_cast<unsigned long long>(step_before + (k == phase::step || k == phase::welcome ? 1 : 0)),
+                     who.c_str(), before,
                      e.what(), m.size(), m.describe().c_str(), static_cast<unsigned long long>(m.generation),
                      then.c_str());
       }
@@ -1289,7 +1322,7 @@ class trainer {
                      "divisible by the sizes the job may shrink to, or deterministic mode, sees each exactly once)\n",
                      static_cast<unsigned long long>(o_.global_batch), m.size());
       restart_straggler_windows();
-      verify_replicas("a shrink");
+      if (!joiners_wait) verify_replicas("a shrink");
       // This rank finished a checkpoint phase and failed in the next one: rank 0 wrote the file
       // after the phase's collectives, unless the rank writing it was lost (no file, or a
       // temporary one the next checkpoint removes). Training goes on; the next one is written.
@@ -1324,15 +1357,27 @@ class trainer {
   }
 
   // At a step boundary while the group has lost ranks: admits the ranks waiting to join (one
-  // store call on rank 0, one broadcast) and sends them the state.
-  void admit_joiners() {
+  // store call on rank 0, one broadcast) and sends them the state. True when the group changed
+  // (grown, or shrunk by a rank lost meanwhile): the caller starts the boundary again, as the
+  // joiners start theirs once they hold the state.
+  bool admit_joiners() {
     if constexpr (requires(Group& g) { g.grow(o_.shrink_store, o_.shrink); }) {
-      if (g_.size() >= g_.founding_size()) return;
-      if (g_.waiting_to_join(o_.shrink_store) == 0) return;
+      if (g_.size() >= g_.founding_size()) return false;
       const auto t0 = clk::now();
       const int before = g_.size();
-      r_.reset();
-      const auto m = g_.grow(o_.shrink_store, o_.shrink);
+      group::membership m;
+      try {
+        if (g_.waiting_to_join(o_.shrink_store) == 0) return false;
+        r_.reset();
+        m = g_.grow(o_.shrink_store, o_.shrink);
+        members_now_ = m;
+      } catch (const error& lost) {
+        // A rank lost at the boundary, before the group grew: the survivors shrink (a grow that
+        // met them is given up) and the joiners wait to be admitted again.
+        if (!a_loss(lost)) throw;
+        (void)go_on_without_lost_ranks(lost, phase::step, step_);
+        return true;
+      }
       if (o_.deterministic && o_.micro_shards % static_cast<std::uint64_t>(m.size()) != 0)
         throw usage_error("trainer: after rank(s) " + group::membership::list(m.joined()) + " joined, deterministic "
                               "mode cannot go on with " + std::to_string(m.size()) + " ranks: micro_shards (" +
@@ -1341,24 +1386,60 @@ class trainer {
       r_.emplace(g_, params_, ro_, trainer_hook{false});
       console_->set_rank(g_.rank());  // (founding rank 0 back: it reports again)
       verify_metrics();  // (what a newcomer's constructor does after building its reducer)
-      const int sender = welcome_newcomers(false);
+      tell([&](observer& x) { x.on_membership(membership_of(m, false)); });
+      const int sender = welcome_phase();
       // "step N": the first step the newcomers take part in, as the loss line names the step it
       // happened in (a join before the redo of step 200 and the loss in step 200 both say 200).
-      if (g_.rank() == sender)  // (the lowest-ranked member: rank 0 may be a newcomer, founding rank 0 back)
+      // (a rank lost while the state was sent: the survivors' membership, and who of the
+      // joiners is still there)
+      const auto& now = members_now_.members;
+      const auto in_now = [&](int r) { return std::find(now.begin(), now.end(), r) != now.end(); };
+      std::vector<int> joined, lost;
+      for (int r : m.joined())
+        if (in_now(r)) joined.push_back(r);
+      for (int r : m.before)  // (a member that never came to the grow, or was lost in the join)
+        if (!in_now(r)) lost.push_back(r);
+      if (sender >= 0 && g_.rank() == sender && !joined.empty())  // (the lowest-ranked member: rank 0 may be a newcomer)
         std::fprintf(stderr,
-                     "kft: step %llu: rank(s) %s joined; going on with %d rank(s) (was %d; members %s, generation "
+                     "kft: step %llu: rank(s) %s joined%s; going on with %d rank(s) (was %d; members %s, generation "
                      "%llu; state sent in %.3f s)\n",
-                     static_cast<unsigned long long>(step_ + 1), group::membership::list(m.joined()).c_str(), m.size(),
-                     before, m.describe().c_str(), static_cast<unsigned long long>(m.generation),
+                     static_cast<unsigned long long>(step_ + 1), group::membership::list(joined).c_str(),
+                     lost.empty() ? "" : (", rank(s) " + group::membership::list(lost) + " lost").c_str(), g_.size(),
+                     before, members_now_.describe().c_str(), static_cast<unsigned long long>(members_now_.generation),
                      seconds(t0, clk::now()));
+      return true;
+    } else {
+      return false;
     }
+  }
+
+  // What a joiner's observers are told before it is sent the state.
+  membership_point joiner_point() const {
+    membership_point p;
+    if constexpr (requires(const Group& g) { g.generation(); }) p.generation = g_.generation();
+    p.rank = g_.rank();
+    p.newcomer = true;
+    return p;
+  }
+
+  // What observer::on_membership is told.
+  static membership_point membership_of(const group::membership& m, bool newcomer) {
+    membership_point p;
+    p.generation = m.generation;
+    p.members = m.members;
+    p.joined = m.joined();
+    p.lost = m.lost();
+    p.rank = m.rank;
+    p.newcomer = newcomer;
+    return p;
   }
 
   // Collective over a group that just grew: the lowest-ranked member that was there before
   // sends its parameters, optimizer state, loss scale, step, sampler position and RNG; the
-  // newcomers take them (`newcomer`: this rank is one), then the replicas are compared. Returns the sender's rank.
-  int welcome_newcomers(bool newcomer) {
-    std::int64_t src = newcomer ? std::numeric_limits<std::int64_t>::max() : g_.rank();
+  // newcomers (`stateless_`: this rank is one) take them, then the replicas are compared.
+  // Returns the sender's rank. A phase of fit() (`welcome_phase`): a rank lost in it is survived.
+  int welcome_newcomers() {
+    std::int64_t src = stateless_ ? std::numeric_limits<std::int64_t>::max() : g_.rank();
     c_.allreduce(&src, &src, 1, dtype::i64, op_kind::min, options{});
     if (src == std::numeric_limits<std::int64_t>::max())
       throw usage_error("trainer: no rank of the group holds state to send (every rank joined as a newcomer: start "
@@ -1373,6 +1454,16 @@ class trainer {
           c_, test_src_ ? test_src_->fingerprint().encode() : std::string("!its fit() was given no test records"),
           options{});
     }
+    const bool newcomer = stateless_;
+    send_state(root, stateless_);
+    restart_straggler_windows();
+    verify_replicas(newcomer ? "a join (newcomer)" : "a join");
+    return root;
+  }
+
+  // The state a join sends, from `root`; `take`: this rank is a joiner and takes the position
+  // with it (the members hold it already).
+  void send_state(int root, bool take) {
     broadcast_state(root);
     const sampler_state ss = has_feed() ? feed().state() : sampler_state{o_.seed, epoch_, 0};
     std::uint64_t pos[9] = {step_, ss.epoch, ss.cursor, ss.seed, rng_.state, o_.global_batch, o_.micro_shards, 0, phases_};
@@ -1381,29 +1472,37 @@ class trainer {
     c_.broadcast(pos, pos, 9, dtype::i64, root, options{});
     scale.resize(static_cast<std::size_t>(pos[7]));
     if (pos[7]) c_.broadcast(scale.data(), scale.data(), scale.size(), dtype::u8, root, options{});
-    if (newcomer) {
-      // (a streaming model's position carries its records' seed, compared with the records above)
-      if (!streams && pos[3] != o_.seed)
-        throw usage_error("trainer: the group this rank joined trains with seed " + std::to_string(pos[3]) +
-                              ", this rank's options say " + std::to_string(o_.seed),
-                          site("ddp join"));
-      step_ = resumed_step_ = pos[0];
-      phases_ = pos[8];
-      restored_ = sampler_state{pos[3], pos[1], pos[2]};
-      epoch_ = pos[1];
-      rng_.state = pos[4];
-      o_.global_batch = pos[5];
-      if (o_.deterministic && pos[6] != o_.micro_shards) {
-        o_.micro_shards = pos[6];
-        fixed_.emplace(o_.fraction_bits, o_.micro_shards * o_.accumulate, sizes_);
-      }
-      if (!scale.empty()) scaler_.load(scale, "the loss scale sent by rank " + std::to_string(root));
-      joined_ = true;
-      note("joined the running group at step " + std::to_string(step_) + " (epoch " + std::to_string(epoch_ + 1) +
-           ", sample " + std::to_string(pos[2]) + "): state from rank " + std::to_string(root));
+    if (!take) return;
+    // (a streaming model's position carries its records' seed, compared with the records above)
+    if (!streams && pos[3] != o_.seed)
+      throw usage_error("trainer: the group this rank joined trains with seed " + std::to_string(pos[3]) +
+                            ", this rank's options say " + std::to_string(o_.seed),
+                        site("ddp join"));
+    step_ = resumed_step_ = pos[0];
+    phases_ = pos[8];
+    restored_ = sampler_state{pos[3], pos[1], pos[2]};
+    epoch_ = pos[1];
+    rng_.state = pos[4];
+    o_.global_batch = pos[5];
+    if (o_.deterministic && pos[6] != o_.micro_shards) {
+      o_.micro_shards = pos[6];
+      fixed_.emplace(o_.fraction_bits, o_.micro_shards * o_.accumulate, sizes_);
     }
-    restart_straggler_windows();
-    verify_replicas(newcomer ? "a join (newcomer)" : "a join");
+    if (!scale.empty()) scaler_.load(scale, "the loss scale sent by rank " + std::to_string(root));
+    joined_ = true;
+    stateless_ = false;
+    note("joined the running group at step " + std::to_string(step_) + " (epoch " + std::to_string(epoch_ + 1) +
+         ", sample " + std::to_string(pos[2]) + "): state from rank " + std::to_string(root));
+  }
+
+  // The join as a phase of fit(), on the members and the joiners alike: a rank lost while the
+  // state is sent (a member, the joiner) is survived; the survivors shrink and send it again
+  // (or a joiner behind one that finished takes it from that one). Returns the sender's rank,
+  // -1 when the state came in a recovery.
+  int welcome_phase() {
+    int root = -1;
+    if (!o_.shrink_store) return welcome_newcomers();
+    survive_plain(phase::welcome, [&] { root = welcome_newcomers(); }, [] {});
     return root;
   }
 
@@ -1734,6 +1833,8 @@ class trainer {
   record_source* src_ = nullptr;                // a streaming model's training records (fit())
   bool welcome_pending_ = false;  // a streaming model's joiner: the members' state comes in fit()
   bool joined_ = false;           // this rank joined a running group: its position came from a member
+  bool stateless_ = false;        // this rank joined and has not been sent the state yet
+  group::membership members_now_;  // the last change's membership (shrink or grow)
   record_source* test_src_ = nullptr;           // ... and its test records
   record_batch eval_records_;                   // this rank's share of an evaluation batch
   std::optional<sampler_state> restored_;

@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -209,8 +210,7 @@ class process_group : public typed_collectives<process_group> {
                                     std::chrono::milliseconds wait, rebuilder rebuild, const shrink_options& o = {}) {
     if (!store) throw usage_error("join: no store", error_site::of("join"));
     if (!rebuild) throw usage_error("join: no way to build the group (rebuilder)", error_site::of("join"));
-    const admission a = request_to_join(*store, scope, id, founding, wait);
-    membership m = agree_on_members(*store, scope, a.generation, id, founding, a.expected, o);
+    auto [a, m] = join_members(*store, scope, id, founding, wait, o);
     process_group g = rebuild(m.rank, m.size(), a.generation);
     g.what_ += " (joined as rank " + std::to_string(id) + ": members " + m.describe() + ", generation " +
                std::to_string(m.generation) + ")";
@@ -295,7 +295,7 @@ class process_group : public typed_collectives<process_group> {
     for (int r : impl_->lost_ranks())
       if (r >= 0 && r < n && r != me) lost.push_back(ids[static_cast<std::size_t>(r)]);
     const std::uint64_t generation = generation_ + 1;
-    return rebuild_as(agree_on_members(*store, scope_, generation, ids[static_cast<std::size_t>(me)], founding_,
+    return rebuild_as(*store, agree_on_members(*store, scope_, generation, ids[static_cast<std::size_t>(me)], founding_,
                                        n - static_cast<std::int64_t>(lost.size()), o, lost, n),
                       ids, "shrunk");
   }
@@ -311,10 +311,17 @@ class process_group : public typed_collectives<process_group> {
     return ids;
   }
   // Builds the generation `m` agreed on (its members were `before`) and becomes it.
-  membership rebuild_as(membership m, const std::vector<int>& before, const char* how) {
+  membership rebuild_as(rendezvous::store& store, membership m, const std::vector<int>& before, const char* how) {
     m.old_size = size();
     m.before = before;
-    process_group next = rebuild_(m.rank, m.size(), m.generation);
+    std::optional<process_group> built;
+    try {
+      built.emplace(rebuild_(m.rank, m.size(), m.generation));
+    } catch (const error&) {  // (a member lost before the build: the next shrink skips this generation)
+      detail::mark_failed(store, scope_, m.generation);
+      throw;
+    }
+    process_group& next = *built;
     impl_ = std::move(next.impl_);  // (the previous generation's connections close here)
     members_ = m.members;
     generation_ = m.generation;
@@ -343,9 +350,9 @@ class process_group : public typed_collectives<process_group> {
     const std::uint64_t generation = generation_ + 1;
     const std::int64_t expected = n + (tickets - admitted_);
     if (me == 0) admit_joiners(*store, scope_, admitted_, tickets, generation, expected);
-    auto m = rebuild_as(
-        agree_on_members(*store, scope_, generation, ids[static_cast<std::size_t>(me)], founding_, expected, o), ids,
-        "grown");
+    auto m = rebuild_as(*store, agree_on_members(*store, scope_, generation, ids[static_cast<std::size_t>(me)], founding_,
+                                         expected, o, {}, 0, intent::grow),
+                        ids, "grown");
     admitted_ = tickets;
     return m;
   }

@@ -60,6 +60,20 @@ class membership_error : public error {
   using error::error;
 };
 
+/// @brief A generation's agreement was given up: survivors of a lost rank (a shrink) and the
+/// ranks of a grow (members admitting joiners, and the joiners) met in the same generation, as
+/// when a member dies while rank 0 admits a joiner. The decision is written as "void", every
+/// rank that reads it learns the same thing, and the generation is skipped: a shrink goes on to
+/// the next one by itself; a member that was growing gets this error (the trainer shrinks, as
+/// after any lost rank) and a joiner waits to be admitted again.
+class generation_void_error : public membership_error {
+  using membership_error::membership_error;
+};
+
+/// @brief Why a rank takes part in an agreement; filed with its arrival (the decision is
+/// "void" when a shrink meets a grow in one generation).
+enum class intent : char { shrink = 's', grow = 'g', join = 'j' };
+
 /// @brief Settings of the agreement.
 struct shrink_options {
   /// How long a survivor waits for the others after its own arrival before it decides with
@@ -112,6 +126,14 @@ struct membership {
 };
 
 namespace detail {
+// A generation whose group could not be built (a member lost between the decision and the
+// build): marked, so that the survivors' shrink skips it instead of reading its decision again.
+inline void mark_failed(rendezvous::store& store, std::string_view scope, std::uint64_t generation) noexcept {
+  try {
+    store.set("shrink/" + std::string(scope) + "/g" + std::to_string(generation) + "/failed", "1");
+  } catch (...) {  // (the store is gone: the shrink that follows fails on it, naming it)
+  }
+}
 inline std::vector<int> parse_members(const std::string& text, const std::string& key) {
   std::vector<int> out;
   if (text.empty()) return out;
@@ -133,11 +155,15 @@ inline std::vector<int> parse_members(const std::string& text, const std::string
 /// previous generation's size) every rank expects that size less the ids any arrival knows are
 /// gone: a rank that saw nothing (a peer on another node died) decides as soon as the others
 /// came, not after the window.
+/// `why` is filed with the arrival: arrivals of a shrink and of a grow (or join) in one generation
+/// make its decision "void" (generation_void_error); a shrink then agrees on the next
+/// generation by itself (the membership returned says which).
 /// @throws membership_error when this rank arrived after the decision that left it out
+/// @throws generation_void_error for a grow or a join whose generation was given up
 /// @throws timeout_error when the store does not answer within `o.timeout`
 inline membership agree_on_members(rendezvous::store& store, std::string_view scope, std::uint64_t generation, int id,
                                    int id_limit, std::int64_t expected, const shrink_options& o = {},
-                                   std::span<const int> known_lost = {}, int before = 0) {
+                                   std::span<const int> known_lost = {}, int before = 0, intent why = intent::shrink) {
   using clk = std::chrono::steady_clock;
   const auto site = error_site::of("shrink");
   if (id_limit < 1 || id < 0 || id >= id_limit || generation < 1 || expected < 1)
@@ -145,69 +171,90 @@ inline membership agree_on_members(rendezvous::store& store, std::string_view sc
                           ", generation " + std::to_string(generation) + ", " + std::to_string(expected) +
                           " expected (ranks 0..size-1, generation >= 1, at least one expected)",
                       site);
-  const std::string prefix = "shrink/" + std::string(scope) + "/g" + std::to_string(generation) + "/";
-  const std::string decision = prefix + "members";
-  const auto t0 = clk::now();
-  const auto deadline = t0 + o.timeout;
-  const auto ticket = store.add(prefix + "arrived", 1);
-  std::string filed = std::to_string(id);
-  if (!known_lost.empty()) filed += ":" + membership::list(std::vector<int>(known_lost.begin(), known_lost.end()));
-  store.set(prefix + "arrival/" + std::to_string(ticket), filed);
-  // What the arrivals so far said: their ids, and the ids they know are gone.
-  std::vector<int> came, gone;
-  std::int64_t read = 0;
-  auto learn = [&](std::int64_t arrived) {
-    for (; read < arrived; ++read) {
-      auto v = store.try_get(prefix + "arrival/" + std::to_string(read + 1));
-      if (!v) break;  // (filed right after its number: read next time)
-      const auto colon = v->find(':');
-      for (int r : detail::parse_members(v->substr(0, colon), prefix + "arrival")) came.push_back(r);
-      if (colon != std::string::npos)
-        for (int r : detail::parse_members(v->substr(colon + 1), prefix + "arrival")) gone.push_back(r);
-    }
-    std::int64_t lost = 0;
-    std::sort(gone.begin(), gone.end());
-    gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
-    for (int r : gone) lost += std::find(came.begin(), came.end(), r) == came.end();
-    return std::min<std::int64_t>(expected, before - lost);
-  };
-
+  const auto deadline = clk::now() + o.timeout;
+  std::string prefix, decision;
   std::optional<std::string> agreed;
-  auto pause = std::chrono::microseconds(200);
-  while (!(agreed = store.try_get(decision))) {
-    const auto now = clk::now();
-    const auto arrived = store.add(prefix + "arrived", 0);
-    const std::int64_t wanted = before > 0 && arrived < expected ? learn(arrived) : expected;
-    if (arrived >= wanted || now >= t0 + o.window) {
-      // Decide with every rank that took a number so far (one that took it and has not filed
-      // its rank yet is alive: it files it right after; wait for it briefly).
-      std::vector<int> ranks;
-      for (std::int64_t k = 1; k <= arrived; ++k) {
-        const std::string key = prefix + "arrival/" + std::to_string(k);
-        auto v = store.try_get(key);
-        if (!v) {
-          try {
-            v = store.get(key, std::chrono::milliseconds(200));
-          } catch (const timeout_error&) {
-            continue;  // it died between its number and its rank: not a member
-          }
-        }
-        const auto parsed = detail::parse_members(v->substr(0, v->find(':')), key);
-        if (parsed.size() == 1 && parsed[0] < id_limit) ranks.push_back(parsed[0]);
-      }
-      std::sort(ranks.begin(), ranks.end());
-      ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-      agreed = store.compare_set(decision, std::nullopt, membership::list(ranks)).current;
-      if (agreed) break;
+  auto t0 = clk::now();
+  // One generation's agreement per turn: a shrink that reads "void" takes the next generation.
+  for (;; ++generation) {
+    prefix = "shrink/" + std::string(scope) + "/g" + std::to_string(generation) + "/";
+    decision = prefix + "members";
+    t0 = clk::now();
+    if (why == intent::shrink) {  // (given up already, or built by nobody: no arrival)
+      if (auto d = store.try_get(decision); d && (*d == "void" || store.try_get(prefix + "failed"))) continue;
     }
-    if (now >= deadline)
-      throw timeout_error("agreeing on the members of " + std::string(scope) + " (generation " +
-                              std::to_string(generation) + "): no decision within " +
-                              kft::detail::describe_duration(o.timeout) + " (" + std::to_string(arrived) + " of " +
-                              std::to_string(expected) + " expected ranks arrived; store " + store.describe() + ")",
-                          error_site::in({}, id, id_limit, "shrink", generation));
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(5000));
+    const auto ticket = store.add(prefix + "arrived", 1);
+    std::string filed = std::string(1, static_cast<char>(why)) + std::to_string(id);
+    if (!known_lost.empty()) filed += ":" + membership::list(std::vector<int>(known_lost.begin(), known_lost.end()));
+    store.set(prefix + "arrival/" + std::to_string(ticket), filed);
+    // What the arrivals so far said: their ids, and the ids they know are gone.
+    std::vector<int> came, gone;
+    std::int64_t read = 0;
+    auto learn = [&](std::int64_t arrived) {
+      for (; read < arrived; ++read) {
+        auto v = store.try_get(prefix + "arrival/" + std::to_string(read + 1));
+        if (!v) break;  // (filed right after its number: read next time)
+        const auto colon = v->find(':');
+        for (int r : detail::parse_members(v->substr(1, colon == std::string::npos ? colon : colon - 1), prefix + "arrival"))
+          came.push_back(r);
+        if (colon != std::string::npos)
+          for (int r : detail::parse_members(v->substr(colon + 1), prefix + "arrival")) gone.push_back(r);
+      }
+      std::int64_t lost = 0;
+      std::sort(gone.begin(), gone.end());
+      gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
+      for (int r : gone) lost += std::find(came.begin(), came.end(), r) == came.end();
+      return std::min<std::int64_t>(expected, before - lost);
+    };
+
+    auto pause = std::chrono::microseconds(200);
+    while (!(agreed = store.try_get(decision))) {
+      const auto now = clk::now();
+      const auto arrived = store.add(prefix + "arrived", 0);
+      const std::int64_t wanted = before > 0 && arrived < expected ? learn(arrived) : expected;
+      if (arrived >= wanted || now >= t0 + o.window) {
+        // Decide with every rank that took a number so far (one that took it and has not filed
+        // its rank yet is alive: it files it right after; wait for it briefly).
+        std::vector<int> ranks;
+        bool shrinking = false, growing = false;
+        for (std::int64_t k = 1; k <= arrived; ++k) {
+          const std::string key = prefix + "arrival/" + std::to_string(k);
+          auto v = store.try_get(key);
+          if (!v) {
+            try {
+              v = store.get(key, std::chrono::milliseconds(200));
+            } catch (const timeout_error&) {
+              continue;  // it died between its number and its rank: not a member
+            }
+          }
+          if (v->empty()) continue;
+          const auto colon = v->find(':');
+          const auto parsed = detail::parse_members(v->substr(1, colon == std::string::npos ? colon : colon - 1), key);
+          if (parsed.size() != 1 || parsed[0] >= id_limit) continue;
+          ranks.push_back(parsed[0]);
+          ((*v)[0] == static_cast<char>(intent::shrink) ? shrinking : growing) = true;
+        }
+        std::sort(ranks.begin(), ranks.end());
+        ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+        agreed = store.compare_set(decision, std::nullopt, shrinking && growing ? "void" : membership::list(ranks)).current;
+        if (agreed) break;
+      }
+      if (now >= deadline)
+        throw timeout_error("agreeing on the members of " + std::string(scope) + " (generation " +
+                                std::to_string(generation) + "): no decision within " +
+                                kft::detail::describe_duration(o.timeout) + " (" + std::to_string(arrived) + " of " +
+                                std::to_string(expected) + " expected ranks arrived; store " + store.describe() + ")",
+                            error_site::in({}, id, id_limit, "shrink", generation));
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(5000));
+    }
+    if (*agreed != "void") break;
+    if (why != intent::shrink)
+      throw generation_void_error("rank " + std::to_string(id) + " of " + std::to_string(id_limit) + " in " +
+                                      std::string(scope) + ": generation " + std::to_string(generation) +
+                                      " was given up (ranks shrinking after a lost rank met ranks " +
+                                      (why == intent::join ? "admitting this joiner" : "growing") + " in it)",
+                                  error_site::in({}, id, id_limit, why == intent::join ? "join" : "grow", generation));
   }
   membership m;
   m.generation = generation;
@@ -300,14 +347,17 @@ inline void admit_joiners(rendezvous::store& store, std::string_view scope, std:
 /// waits, up to `wait`, until the group admits it at a step boundary.
 /// @throws join_closed_error when the group finished first; timeout_error after `wait`
 inline admission request_to_join(rendezvous::store& store, std::string_view scope, int id, int id_limit,
-                                 std::chrono::milliseconds wait) {
+                                 std::chrono::milliseconds wait, std::int64_t* ticket_out = nullptr);
+
+/// @brief The joiner's side, again: waits, up to `wait`, until ticket `ticket` is admitted to a
+/// generation after `after` (its admission to `after` was given up: generation_void_error;
+/// the members admit it again at their next step boundary).
+/// @throws join_closed_error when the group finished first; timeout_error after `wait`
+inline admission await_admission(rendezvous::store& store, std::string_view scope, int id, int id_limit,
+                                 std::int64_t ticket, std::uint64_t after, std::chrono::milliseconds wait) {
   using clk = std::chrono::steady_clock;
   const auto site = error_site::in({}, id, id_limit, "join");
-  if (id < 0 || id >= id_limit)
-    throw usage_error("request_to_join: rank " + std::to_string(id) + " of " + std::to_string(id_limit), site);
   const std::string p = detail::join_prefix(scope);
-  const auto ticket = store.add(p + "tickets", 1);
-  store.set(p + "ticket/" + std::to_string(ticket), std::to_string(id));
   const std::string key = p + "admit/" + std::to_string(ticket);
   const auto t0 = clk::now();
   auto pause = std::chrono::microseconds(500);
@@ -321,7 +371,7 @@ inline admission request_to_join(rendezvous::store& store, std::string_view scop
       a.generation = g;
       a.expected = e;
       a.tickets = t;
-      return a;
+      if (a.generation > after) return a;
     }
     if (store.try_get(p + "closed"))
       throw join_closed_error("rank " + std::to_string(id) + " asked to join " + std::string(scope) +
@@ -337,6 +387,40 @@ inline admission request_to_join(rendezvous::store& store, std::string_view scop
                           site);
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(20000));
+  }
+}
+
+inline admission request_to_join(rendezvous::store& store, std::string_view scope, int id, int id_limit,
+                                 std::chrono::milliseconds wait, std::int64_t* ticket_out) {
+  const auto site = error_site::in({}, id, id_limit, "join");
+  if (id < 0 || id >= id_limit)
+    throw usage_error("request_to_join: rank " + std::to_string(id) + " of " + std::to_string(id_limit), site);
+  const std::string p = detail::join_prefix(scope);
+  const auto ticket = store.add(p + "tickets", 1);
+  store.set(p + "ticket/" + std::to_string(ticket), std::to_string(id));
+  if (ticket_out) *ticket_out = ticket;
+  return await_admission(store, scope, id, id_limit, ticket, 0, wait);
+}
+
+/// @brief The joiner's side from the ticket to the membership: asks to join, and meets the
+/// members as the generation it is admitted to; a generation given up (a member lost while
+/// rank 0 admitted it) is waited out, to the next admission. `wait` bounds the whole.
+inline std::pair<admission, membership> join_members(rendezvous::store& store, std::string_view scope, int id,
+                                                     int id_limit, std::chrono::milliseconds wait,
+                                                     const shrink_options& o) {
+  using clk = std::chrono::steady_clock;
+  const auto until = clk::now() + wait;
+  const auto left = [&] {
+    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now()), std::chrono::milliseconds(1));
+  };
+  std::int64_t ticket = 0;
+  admission a = request_to_join(store, scope, id, id_limit, wait, &ticket);
+  while (true) {
+    try {
+      return {a, agree_on_members(store, scope, a.generation, id, id_limit, a.expected, o, {}, 0, intent::join)};
+    } catch (const generation_void_error&) {
+      a = await_admission(store, scope, id, id_limit, ticket, a.generation, left());
+    }
   }
 }
 
@@ -359,8 +443,8 @@ inline int founding_size(const shm::communicator& c) {
   return c.configuration().founding_size > 0 ? c.configuration().founding_size : c.size();
 }
 // The communicator of generation `m.generation` over `m.members`.
-inline shm::communicator build_generation(std::shared_ptr<rendezvous::store> store, shm::config cfg,
-                                          const membership& m, int founding) {
+inline shm::communicator build_generation_once(std::shared_ptr<rendezvous::store> store, shm::config cfg,
+                                               const membership& m, int founding) {
   cfg.generation = m.generation;
   cfg.members = m.members;
   cfg.founding_size = founding;
@@ -368,6 +452,18 @@ inline shm::communicator build_generation(std::shared_ptr<rendezvous::store> sto
   if (cfg.identity.world_rank < 0) cfg.identity.world_rank = m.members[static_cast<std::size_t>(m.rank)];
   if (cfg.identity.world_size < 0) cfg.identity.world_size = founding;
   return shm::communicator(std::move(store), m.rank, m.size(), std::move(cfg));
+}
+// A build that fails (a member lost before it was ready) marks its generation failed: the
+// survivors' shrink then agrees on the next one.
+inline shm::communicator build_generation(std::shared_ptr<rendezvous::store> store, shm::config cfg,
+                                          const membership& m, int founding) {
+  const std::string scope = "shm/" + cfg.name;
+  try {
+    return build_generation_once(store, std::move(cfg), m, founding);
+  } catch (const error&) {
+    mark_failed(*store, scope, m.generation);
+    throw;
+  }
 }
 }  // namespace detail
 
@@ -414,8 +510,8 @@ inline shrunk_shm grow(shm::communicator& current, std::shared_ptr<rendezvous::s
   const std::uint64_t generation = cfg.generation + 1;
   const std::int64_t expected = current.size() + (tickets - admitted);
   if (current.rank() == 0) admit_joiners(*store, shrink_scope(cfg), admitted, tickets, generation, expected);
-  membership m =
-      agree_on_members(*store, shrink_scope(cfg), generation, ids[static_cast<std::size_t>(current.rank())], founding, expected, o);
+  membership m = agree_on_members(*store, shrink_scope(cfg), generation, ids[static_cast<std::size_t>(current.rank())],
+                                  founding, expected, o, {}, 0, intent::grow);
   m.old_size = current.size();
   m.before = ids;
   auto comm = detail::build_generation(std::move(store), cfg, m, founding);
@@ -431,8 +527,7 @@ inline shrunk_shm join(std::shared_ptr<rendezvous::store> store, shm::config cfg
                        std::chrono::milliseconds wait, const shrink_options& o = {}, std::int64_t* tickets = nullptr) {
   if (!store) throw usage_error("join: no store", error_site::of("join"));
   const std::string scope = shrink_scope(cfg);
-  const admission a = request_to_join(*store, scope, id, founding, wait);
-  membership m = agree_on_members(*store, scope, a.generation, id, founding, a.expected, o);
+  auto [a, m] = join_members(*store, scope, id, founding, wait, o);
   m.before = m.members;  // (unknown here: everyone else was there before)
   m.before.erase(std::find(m.before.begin(), m.before.end(), id));
   m.old_size = static_cast<int>(m.before.size());
