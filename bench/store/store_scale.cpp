@@ -26,8 +26,22 @@
 //       barrier  rendezvous::barrier(store, "barrier", N): add, the last one sets, get
 //       leave    close the connection
 //     Every wait is bounded by --timeout (a client past it counts as an error).
+//
+//   store_scale nodes --port P --world N --first-node F --nodes K [--ranks-per-node R] [--timeout S]
+//     K nodes of a job laid out as N / R nodes x R ranks (global node indices F..F+K-1): each node
+//     has its relay (a tcp_store_server relaying to the job's store at P over one connection,
+//     listening on its own address of 127.0.0.0/8, source_address(node)), and its R ranks are
+//     clients of their node's relay. The ranks are driven by one thread (non-blocking sockets,
+//     epoll: tens of thousands of them need no thread each), speaking the store's protocol as
+//     kft's client does. The same lines and phases as `clients`; in "connect" the relays
+//     connect to the job's store first (timed with the phase), then the ranks to their relay.
+#include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -289,6 +303,259 @@ int clients(const settings& cfg) {
 
 }  // namespace
 
+// ---- nodes: relays, and their ranks driven by one event loop ---------------------------------
+
+namespace wire = rdzv::wire;
+
+struct node_settings {
+  int port = 0;
+  long world = 0, first_node = 0, nodes = 0, per_node = 8;
+  int timeout_s = 300;
+  std::string token;
+};
+
+// One rank: a non-blocking connection to its node's relay and where it stands in the phase.
+struct rank_conn {
+  int fd = -1;
+  long index = 0;  // global rank index (node * per_node + local)
+  long rank = -1;  // what "rank" gave it
+  int step = 0;    // within the phase
+  bool connecting = false, done = false;
+  std::string out, in;
+  std::uint32_t events = 0;
+};
+
+class node_driver {
+ public:
+  explicit node_driver(const node_settings& cfg) : cfg_(cfg), epoll_(::epoll_create1(EPOLL_CLOEXEC)) {
+    ranks_.resize(static_cast<std::size_t>(cfg.nodes * cfg.per_node));
+    for (std::size_t i = 0; i < ranks_.size(); ++i) ranks_[i].index = cfg.first_node * cfg.per_node + static_cast<long>(i);
+  }
+  ~node_driver() {
+    for (auto& r : ranks_)
+      if (r.fd >= 0) ::close(r.fd);
+    ::close(epoll_);
+  }
+
+  // Runs one phase for every rank; returns (errors, first error).
+  std::pair<long, std::string> phase(const std::string& name) {
+    name_ = name;
+    errors_ = 0;
+    first_error_.clear();
+    left_ = static_cast<long>(ranks_.size());
+    if (name == "connect") {
+      try {
+        for (long k = 0; k < cfg_.nodes; ++k) {
+          rdzv::tcp_store_server::options o;
+          o.host = source_address(cfg_.first_node + k);
+          o.token = cfg_.token;
+          o.upstream.host = "127.0.0.1";
+          o.upstream.port = cfg_.port;
+          o.upstream.source_address = o.host;
+          o.upstream.connect_timeout = std::chrono::seconds(cfg_.timeout_s);
+          o.upstream.name = "node " + std::to_string(cfg_.first_node + k);
+          relays_.push_back(std::make_unique<rdzv::tcp_store_server>(o));
+        }
+      } catch (const std::exception& e) {
+        return {static_cast<long>(ranks_.size()), std::string("a relay: ") + e.what()};
+      }
+    }
+    for (auto& r : ranks_) {
+      r.step = 0;
+      r.done = false;
+      start(r);
+    }
+    const auto deadline = clock_type::now() + std::chrono::seconds(cfg_.timeout_s);
+    std::vector<epoll_event> evs(1024);
+    while (left_ > 0) {
+      const auto now = clock_type::now();
+      if (now >= deadline) {
+        for (auto& r : ranks_)
+          if (!r.done) fail(r, "no answer within --timeout");
+        break;
+      }
+      const int n = ::epoll_wait(epoll_, evs.data(), static_cast<int>(evs.size()), 100);
+      for (int i = 0; i < n; ++i) {
+        auto& r = ranks_[static_cast<std::size_t>(evs[static_cast<std::size_t>(i)].data.u64)];
+        on_event(r, evs[static_cast<std::size_t>(i)].events);
+      }
+    }
+    if (name == "leave") relays_.clear();
+    return {errors_, first_error_};
+  }
+
+ private:
+  void watch(rank_conn& r, std::uint32_t want) {
+    if (want == r.events || r.fd < 0) return;
+    epoll_event ev{};
+    ev.events = want;
+    ev.data.u64 = static_cast<std::uint64_t>(&r - ranks_.data());
+    ::epoll_ctl(epoll_, r.events == 0 ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, r.fd, &ev);
+    r.events = want;
+  }
+  void finish(rank_conn& r) {
+    if (r.done) return;
+    r.done = true;
+    --left_;
+  }
+  void fail(rank_conn& r, const std::string& why) {
+    if (r.done) return;
+    if (errors_++ == 0) first_error_ = "rank " + std::to_string(r.index) + ": " + why;
+    finish(r);
+  }
+  void send(rank_conn& r, std::string frame) {
+    r.out += frame;
+    flush(r);
+  }
+  void flush(rank_conn& r) {
+    while (!r.out.empty()) {
+      const ssize_t n = ::send(r.fd, r.out.data(), r.out.size(), MSG_NOSIGNAL);
+      if (n > 0) {
+        r.out.erase(0, static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      return fail(r, std::string("send: ") + std::strerror(errno));
+    }
+    watch(r, EPOLLIN | (r.out.empty() ? 0u : static_cast<std::uint32_t>(EPOLLOUT)));
+  }
+  std::uint32_t ms() const { return static_cast<std::uint32_t>(cfg_.timeout_s) * 1000u; }
+  static std::string req(wire::op o) { return std::string(1, static_cast<char>(o)); }
+
+  // The phase's first request.
+  void start(rank_conn& r) {
+    const auto op = [](wire::op o) { return wire::writer().u8(static_cast<std::uint8_t>(o)); };
+    if (name_ == "connect") {
+      const long node = r.index / cfg_.per_node;
+      const auto& relay = *relays_[static_cast<std::size_t>(node - cfg_.first_node)];
+      r.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (r.fd < 0) return fail(r, std::string("socket: ") + std::strerror(errno));
+      int one = 1;
+      ::setsockopt(r.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<std::uint16_t>(relay.port()));
+      ::inet_pton(AF_INET, relay.host().c_str(), &a.sin_addr);
+      if (::connect(r.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS)
+        return fail(r, std::string("connect: ") + std::strerror(errno));
+      r.connecting = true;
+      r.out = wire::writer().u8(static_cast<std::uint8_t>(wire::op::hello)).str(cfg_.token).str("rank").done();
+      watch(r, EPOLLOUT | EPOLLIN);
+    } else if (r.fd < 0) {
+      fail(r, "not connected");
+    } else if (name_ == "rank") {
+      send(r, op(wire::op::add).str("rank").i64(1).done());
+    } else if (name_ == "publish") {
+      send(r, op(wire::op::set).str("addr/" + std::to_string(r.rank)).str(source_address(r.index) + ":" +
+                                                                            std::to_string(29500 + r.rank % 1000)).done());
+    } else if (name_ == "read") {
+      send(r, op(wire::op::get).str("addr/" + std::to_string((r.rank + 1) % cfg_.world)).u32(ms()).done());
+    } else if (name_ == "barrier") {  // rendezvous::barrier: add; the last one sets; get
+      send(r, op(wire::op::add).str("barrier/arrived").i64(1).done());
+    } else if (name_ == "leave") {
+      ::epoll_ctl(epoll_, EPOLL_CTL_DEL, r.fd, nullptr);
+      ::close(r.fd);
+      r.fd = -1;
+      r.events = 0;
+      finish(r);
+    }
+  }
+
+  void on_event(rank_conn& r, std::uint32_t ev) {
+    if (r.done && name_ != "connect") {
+      // (a reply after the phase: not expected)
+    }
+    if (r.connecting && (ev & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(r.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) return fail(r, std::string("connect: ") + std::strerror(err));
+      r.connecting = false;
+    }
+    if (ev & EPOLLOUT) flush(r);
+    if (!(ev & (EPOLLIN | EPOLLHUP | EPOLLERR))) return;
+    char buf[4096];
+    while (true) {
+      const ssize_t n = ::recv(r.fd, buf, sizeof buf, 0);
+      if (n > 0) {
+        r.in.append(buf, static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      return fail(r, n == 0 ? "the relay closed the connection" : std::string("recv: ") + std::strerror(errno));
+    }
+    while (r.in.size() >= 4) {
+      const auto n = wire::frame_length(r.in);
+      if (r.in.size() < 4u + n) break;
+      wire::reader reply(r.in.substr(4, n));
+      r.in.erase(0, 4u + n);
+      on_reply(r, reply);
+    }
+  }
+
+  void on_reply(rank_conn& r, wire::reader& rep) {
+    const auto st = static_cast<wire::status>(rep.u8());
+    if (st != wire::status::ok)
+      return fail(r, "phase " + name_ + ": the store answered status " + std::to_string(static_cast<int>(st)) +
+                         (st == wire::status::error ? " (" + rep.str() + ")" : std::string()));
+    const auto op = [](wire::op o) { return wire::writer().u8(static_cast<std::uint8_t>(o)); };
+    if (name_ == "connect" || name_ == "publish") return finish(r);
+    if (name_ == "rank") {
+      r.rank = rep.i64() - 1;
+      return finish(r);
+    }
+    if (name_ == "read") {
+      const auto peer = rep.str();
+      if (peer.rfind("127.", 0) != 0) return fail(r, "read a peer's address \"" + peer + "\"");
+      return finish(r);
+    }
+    if (name_ == "barrier") {
+      if (r.step == 0) {
+        r.step = 1;
+        if (rep.i64() == cfg_.world) {
+          r.step = 2;
+          return send(r, op(wire::op::set).str("barrier/open").str("1").done());
+        }
+        return send(r, op(wire::op::get).str("barrier/open").u32(ms()).done());
+      }
+      if (r.step == 2) {
+        r.step = 1;
+        return send(r, op(wire::op::get).str("barrier/open").u32(ms()).done());
+      }
+      return finish(r);
+    }
+  }
+
+  const node_settings& cfg_;
+  int epoll_;
+  std::vector<rank_conn> ranks_;
+  std::vector<std::unique_ptr<rdzv::tcp_store_server>> relays_;
+  std::string name_, first_error_;
+  long errors_ = 0, left_ = 0;
+};
+
+int nodes_main(const node_settings& cfg) {
+  node_driver d(cfg);
+  std::printf("ready\n");
+  std::fflush(stdout);
+  std::string line;
+  for (const auto& name : phases) {
+    if (!std::getline(std::cin, line) || line != "go " + name) {
+      std::fprintf(stderr, "store_scale: expected \"go %s\", got \"%s\"\n", name.c_str(), line.c_str());
+      return 1;
+    }
+    const auto start = now_ns();
+    auto [errors, first] = d.phase(name);
+    for (auto& ch : first)
+      if (ch == '\n') ch = ' ';
+    std::printf("done %s %lld %lld %ld %ld %s\n", name.c_str(), start, now_ns(), errors, 0L, first.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"The rendezvous store at scale: a kft store server, or clients of kft's or torch's store "
                "(bench/store/store_scale.py runs both)"};
@@ -306,9 +573,26 @@ int main(int argc, char** argv) {
   cl->add_option("--first", cfg.first, "the global index of this process's first client")->check(CLI::Range(0L, 1000000L));
   cl->add_option("--count", cfg.count, "clients in this process")->required()->check(CLI::Range(1L, 100000L));
   cl->add_option("--timeout", cfg.timeout_s, "seconds any one wait may take")->check(CLI::Range(1, 3600));
+  node_settings ncfg;
+  auto* nd = app.add_subcommand("nodes", "run nodes: a relay each, and its ranks as its clients (token on standard input)");
+  nd->add_option("--port", ncfg.port, "the job's store's port")->required()->check(CLI::Range(1, 65535));
+  nd->add_option("--world", ncfg.world, "ranks in all nodes of all processes")->required()->check(CLI::Range(1L, 1000000L));
+  nd->add_option("--first-node", ncfg.first_node, "the global index of this process's first node")->check(CLI::Range(0L, 1000000L));
+  nd->add_option("--nodes", ncfg.nodes, "nodes in this process")->required()->check(CLI::Range(1L, 100000L));
+  nd->add_option("--ranks-per-node", ncfg.per_node, "ranks of each node")->check(CLI::Range(1L, 1024L));
+  nd->add_option("--timeout", ncfg.timeout_s, "seconds any one wait may take")->check(CLI::Range(1, 3600));
   CLI11_PARSE(app, argc, argv);
   try {
     if (sv->parsed()) return serve(serve_host);
+    if (nd->parsed()) {
+      if (ncfg.world % ncfg.per_node != 0 || (ncfg.first_node + ncfg.nodes) * ncfg.per_node > ncfg.world) {
+        std::fprintf(stderr, "store_scale: --first-node %ld + --nodes %ld of %ld ranks each do not fit --world %ld\n",
+                     ncfg.first_node, ncfg.nodes, ncfg.per_node, ncfg.world);
+        return 2;
+      }
+      ncfg.token = read_token();
+      return nodes_main(ncfg);
+    }
     if (cfg.first + cfg.count > cfg.world) {
       std::fprintf(stderr, "store_scale: --first %ld + --count %ld is more than --world %ld\n", cfg.first, cfg.count, cfg.world);
       return 2;

@@ -29,6 +29,17 @@ phase's seconds (the median over --repeats), the total of connect..barrier and t
 memory per connection (RSS once all are connected less RSS before, / N). Every run is checked:
 every client finished every phase without an error (else the script stops, naming the first).
 A benchmark: it prints numbers, it never passes or fails on them.
+
+    /usr/bin/python3 bench/store/store_scale.py --relay [--sizes 65536] [--procs 16] [--ranks-per-node 8]
+
+A job laid out as it would be at that size: N / 8 nodes x 8 ranks, each node's ranks going
+through their node's relay (tcp_store_server with `upstream`: one connection per node to the
+job's store, requests combined on the way). --procs processes of `store_scale nodes` each hold
+N / 8 / procs nodes: their relays (one thread each, on the node's own address of 127.0.0.0/8)
+and their ranks (one event-driven thread for all of them: a thread per rank would not fit
+65,536 in this machine's 32,768 process ids). The same phases, timed the same way; "connect"
+includes the relays connecting to the job's store. Printed beside the direct rows: the job
+store's connections once all connected (one per node) and its requests per rank.
 """
 import argparse
 import datetime
@@ -58,8 +69,19 @@ def parse():
     ap.add_argument("--repeats", type=int, default=1, help="runs of each store at each N, alternated")
     ap.add_argument("--stores", nargs="+", default=["kft", "torch"], choices=["kft", "torch"])
     ap.add_argument("--timeout", type=int, default=300, help="seconds any one wait of a client may take")
+    ap.add_argument("--relay", action="store_true", help="N / 8 nodes x 8 ranks, through a relay per node (kft only)")
+    ap.add_argument("--ranks-per-node", type=int, default=8, help="--relay: ranks of each node")
     ap.add_argument("--torch-server", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.relay:
+        if "--sizes" not in sys.argv:
+            a.sizes = [65536]
+        if "--procs" not in sys.argv:
+            a.procs = 16
+        a.stores = ["kft"]
+        for n in a.sizes:
+            if n % (a.ranks_per_node * a.procs) != 0:
+                ap.error(f"--relay: N = {n} is not a multiple of --ranks-per-node x --procs")
     if a.procs < 1 or any(n < a.procs for n in a.sizes):
         ap.error("every N must be at least --procs, which must be at least 1")
     return a
@@ -143,9 +165,37 @@ def stats(server, deadline):
     return dict(zip(f[1::2], f[2::2]))
 
 
+def conntrack_room(need, limit_s=180):
+    """Where the kernel tracks connections (nf_conntrack, loaded by iptables: the namespace tests
+    load it), a full table drops new connections' packets (they time out). Waits, up to
+    limit_s, until the table has room for `need` more (the last run's closed connections are
+    kept there a while), saying so."""
+    try:
+        with open("/proc/sys/net/netfilter/nf_conntrack_max") as f:
+            most = int(f.read())
+    except OSError:
+        return
+    said = False
+    until = time.monotonic() + limit_s
+    while True:
+        with open("/proc/sys/net/netfilter/nf_conntrack_count") as f:
+            count = int(f.read())
+        if count + need <= most:
+            return
+        if not said:
+            print(f"# the kernel's connection tracking table holds {count} of {most} entries, {need} more are "
+                  f"needed: waiting for old entries to expire (at most {limit_s} s)", flush=True)
+            said = True
+        if time.monotonic() >= until:
+            print("# still not enough room: connections of this run may time out", flush=True)
+            return
+        time.sleep(2)
+
+
 def one_run(a, n, store):
     program = kftbench.bench_program(a.build, "store_scale")
     token = secrets.token_hex(16)
+    conntrack_room(n + (n // a.ranks_per_node if a.relay else 0) + 1000)
     limit = time.monotonic() + 2 * a.timeout + 120
     if store == "kft":
         server = child([program, "serve"], "the kft store server")
@@ -157,15 +207,24 @@ def one_run(a, n, store):
     try:
         port = int(server.read_line(time.monotonic() + 60).split()[1])
         rss_before = stats(server, time.monotonic() + 60)
-        per = [n // a.procs + (1 if i < n % a.procs else 0) for i in range(a.procs)]
-        first = 0
-        for i, count in enumerate(per):
-            c = child([program, "clients", "--protocol", store, "--port", str(port), "--world", str(n), "--first",
-                       str(first), "--count", str(count), "--timeout", str(a.timeout)], f"client process {i} ({store})")
-            if store == "kft":
+        if a.relay:  # nodes of --ranks-per-node ranks, the same number in each process
+            nodes_each = n // a.ranks_per_node // a.procs
+            for i in range(a.procs):
+                c = child([program, "nodes", "--port", str(port), "--world", str(n), "--first-node", str(i * nodes_each),
+                           "--nodes", str(nodes_each), "--ranks-per-node", str(a.ranks_per_node), "--timeout",
+                           str(a.timeout)], f"node process {i}")
                 c.send(token)
-            procs.append(c)
-            first += count
+                procs.append(c)
+        else:
+            per = [n // a.procs + (1 if i < n % a.procs else 0) for i in range(a.procs)]
+            first = 0
+            for i, count in enumerate(per):
+                c = child([program, "clients", "--protocol", store, "--port", str(port), "--world", str(n), "--first",
+                           str(first), "--count", str(count), "--timeout", str(a.timeout)], f"client process {i} ({store})")
+                if store == "kft":
+                    c.send(token)
+                procs.append(c)
+                first += count
         for c in procs:
             if c.read_line(time.monotonic() + 120) != "ready":
                 c.fail("did not say ready")
@@ -192,6 +251,8 @@ def one_run(a, n, store):
         server.close(time.monotonic() + 60)
         times["total"] = sum(times[p] for p in TIMED)
         times["rss_per_client_b"] = (int(rss_after["rss_kib"]) - int(rss_before["rss_kib"])) * 1024 / n
+        times["connections"] = int(rss_after["connected"]) if rss_after["connected"] != "-" else 0
+        times["requests_per_rank"] = int(end["requests"]) / n if end["requests"] != "-" else 0.0
         # Connections made again: the bench's own retries (torch), or those the kft server turned away
         # before their hello was read (its client connects again by itself).
         times["reconnects"] = reconnects + (int(end["dropped"]) if end["dropped"] != "-" else 0)
@@ -215,7 +276,7 @@ def main():
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # every child may open what the hard limit allows
-    need = max(a.sizes) + 64
+    need = (max(a.sizes) // a.ranks_per_node if a.relay else max(a.sizes)) + 64
     if hard != resource.RLIM_INFINITY and need > hard:
         sys.exit(f"{kftbench.who()}: N = {max(a.sizes)} needs {need} open files in the server's process; "
                  f"the hard limit here is {hard} (ulimit -Hn)")
@@ -242,14 +303,15 @@ def main():
             for store in order:
                 t = one_run(a, n, store)
                 results.setdefault((n, store), []).append(t)
-                print(f"# N {n} {store} run {r + 1}: total {t['total']:.3f} s "
+                print(f"# N {n} {store}{' through relays' if a.relay else ''} run {r + 1}: total {t['total']:.3f} s "
                       f"({', '.join(f'{p} {t[p]:.3f}' for p in PHASES)}); server {t['rss_per_client_b']:.0f} B per client; "
-                      f"{t['reconnects']} connection(s) made again",
+                      f"{t['reconnects']} connection(s) made again; the job's store held {t['connections']} "
+                      f"connection(s) and served {t['requests_per_rank']:.2f} request(s) per rank",
                       flush=True)
     print(f"# load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print()
     cols = ["connect", "rank (add)", "publish (set)", "read a peer (get)", "barrier (add + get)", "total", "leave",
-            "server memory per client", "connections made again"]
+            "server memory per client", "connections made again", "store's connections", "store requests per rank"]
     print("| N | store | " + " | ".join(cols) + " |")
     print("| --- | --- |" + " --- |" * len(cols))
     for n in a.sizes:
@@ -257,8 +319,10 @@ def main():
             runs = results[(n, store)]
             med = {k: statistics.median(t[k] for t in runs) for k in runs[0]}
             cells = [f"{med[p]:.3f}" for p in TIMED] + [f"{med['total']:.3f}", f"{med['leave']:.3f}",
-                                                         f"{med['rss_per_client_b'] / 1024:.1f} KiB", f"{med['reconnects']:g}"]
-            print(f"| {n} | {store} | " + " | ".join(cells) + " |")
+                                                         f"{med['rss_per_client_b'] / 1024:.1f} KiB", f"{med['reconnects']:g}",
+                                                         f"{med['connections']:g}", f"{med['requests_per_rank']:.2f}"]
+            label = f"{store} via {n // a.ranks_per_node} relays" if a.relay else store
+            print(f"| {n} | {label} | " + " | ".join(cells) + " |")
     print()
     print("Seconds (median of the repeats); total = connect + rank + publish + read + barrier.")
 

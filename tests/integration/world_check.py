@@ -70,6 +70,8 @@ def main():
     ap.add_argument("--note", action="append", default=[],
                     help="RANKS:REGEX, e.g. '1-2:slurm.*says rank 0': those ranks must have a matching note")
     ap.add_argument("--layout", help="expected kft-info topology layout on every rank, e.g. '2 nodes x 2 ranks'")
+    ap.add_argument("--via", action="append", default=[],
+                    help="RANKS:REGEX, e.g. '2-3:relay': how those ranks reached the store (kft-info's topology 'via')")
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--cmd", action="append", default=[], help="a launcher command line (may repeat: run together)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
@@ -93,7 +95,7 @@ def main():
             texts.append(f.read())
     shutil.rmtree(out_dir)
 
-    worlds, layouts = [], []
+    worlds, layouts, vias = [], [], {}
     for text in texts:
         for line in text.splitlines():
             line = line.strip()
@@ -107,6 +109,7 @@ def main():
             worlds.append(doc["world"])
             topo = doc.get("host", {}).get("topology", {})
             layouts.append((doc["world"]["rank"], topo.get("layout", topo.get("error", "no topology"))))
+            vias[doc["world"]["rank"]] = topo.get("via", "")
 
     n = a.ranks
     print(f"{'rank':>4} {'size':>4} {'local':>7} {'node':>7}  backend / host")
@@ -134,6 +137,15 @@ def main():
         for rank, got in layouts:
             if got != a.layout:
                 fail(f"rank {rank} sees topology {got!r}, expected {a.layout!r}")
+
+    for spec in a.via:  # "2-3:regex": those ranks match, the others do not
+        span, _, pattern = spec.partition(":")
+        lo, _, hi = span.partition("-")
+        chosen = set(range(int(lo), int(hi or lo) + 1))
+        for rank, via in sorted(vias.items()):
+            if bool(re.search(pattern, via)) != (rank in chosen):
+                fail(f"rank {rank} reached the store via {via!r}: expected {'a' if rank in chosen else 'no'} "
+                     f"match of {pattern!r} (ranks {span})")
 
     counts = {w["node_count"] for w in worlds}
     if len(counts) != 1:

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -62,6 +63,27 @@ std::vector<fixture_store> all_stores() {
                    return std::make_shared<rdzv::tcp_store>(o);
                  },
                  server});
+  // The same store through a node's relay (tcp_store_server::options::upstream): every test of
+  // the store's semantics runs through one too.
+  struct relayed {
+    std::shared_ptr<rdzv::tcp_store_server> job, node;  // (the relay goes first)
+    ~relayed() { node.reset(); }
+  };
+  auto both = std::make_shared<relayed>();
+  both->job = std::make_shared<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", 0, token, {}});
+  rdzv::tcp_store_server::options ro{"127.0.0.1", 0, token, {}};
+  ro.upstream.host = "127.0.0.1";
+  ro.upstream.port = both->job->port();
+  both->node = std::make_shared<rdzv::tcp_store_server>(ro);
+  out.push_back({"relay",
+                 [both, token] {
+                   rdzv::tcp_store::options o;
+                   o.host = "127.0.0.1";
+                   o.port = both->node->port();
+                   o.token = token;
+                   return std::make_shared<rdzv::tcp_store>(o);
+                 },
+                 both});
   return out;
 }
 
@@ -901,4 +923,214 @@ BOOST_AUTO_TEST_CASE(tokens_are_128_random_bits) {
   BOOST_TEST(a.size() == 32u);
   BOOST_TEST(a.find_first_not_of("0123456789abcdef") == std::string::npos);
   BOOST_TEST(a != b);
+}
+
+// ---- a node's relay (tcp_store_server::options::upstream) -----------------------------------
+
+namespace {
+struct relay_pair {
+  std::string token = kft::random_token();
+  std::unique_ptr<rdzv::tcp_store_server> job;
+  std::vector<std::unique_ptr<rdzv::tcp_store_server>> nodes;
+  explicit relay_pair(int relays, std::function<void(const std::string&)> log = {}) {
+    job = std::make_unique<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", 0, token, log});
+    for (int i = 0; i < relays; ++i) {
+      rdzv::tcp_store_server::options ro{"127.0.0.1", 0, token, log};
+      ro.upstream.host = "127.0.0.1";
+      ro.upstream.port = job->port();
+      ro.upstream.name = "node " + std::to_string(i) + " relay";
+      nodes.push_back(std::make_unique<rdzv::tcp_store_server>(ro));
+    }
+  }
+  ~relay_pair() { nodes.clear(); }
+  rdzv::tcp_store::options client(int port, std::string tok = {}) const {
+    rdzv::tcp_store::options o;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.token = tok.empty() ? token : tok;
+    o.connect_timeout = 5s;
+    o.io_timeout = 10s;
+    return o;
+  }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(ranks_meet_through_their_nodes_relays_and_the_store_sees_one_connection_per_node) {
+  relay_pair p(2);
+  constexpr int per_node = 4, world = 8;
+  std::vector<long long> ranks(world, -1);
+  std::vector<std::string> peers(world), errors(world);
+  std::atomic<int> connected{0};
+  int job_connections = -1;
+  std::vector<std::thread> ts;
+  for (int i = 0; i < world; ++i)
+    ts.emplace_back([&, i] {
+      try {
+        rdzv::tcp_store s(p.client(p.nodes[static_cast<std::size_t>(i / per_node)]->port()));
+        ++connected;
+        const auto rank = s.add("rank", 1) - 1;
+        ranks[static_cast<std::size_t>(i)] = rank;
+        s.set("addr/" + std::to_string(rank), "host-" + std::to_string(rank));
+        peers[static_cast<std::size_t>(i)] = s.get("addr/" + std::to_string((rank + 1) % world), 10s);
+        rdzv::barrier(s, "b", world, 10s);
+        if (rank == 0) job_connections = p.job->connected();  // (every rank is past the barrier's add)
+        rdzv::barrier(s, "b2", world, 10s);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(i)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  std::vector<long long> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (int i = 0; i < world; ++i) {
+    BOOST_TEST(errors[static_cast<std::size_t>(i)] == "");
+    BOOST_TEST(sorted[static_cast<std::size_t>(i)] == i);  // each rank once
+    const auto r = ranks[static_cast<std::size_t>(i)];
+    BOOST_TEST(peers[static_cast<std::size_t>(i)] == "host-" + std::to_string((r + 1) % world));
+  }
+  BOOST_TEST(connected.load() == world);
+  BOOST_TEST(job_connections == 2);  // the two relays, not the 8 ranks
+  std::uint64_t through = 0, sent = 0;
+  for (const auto& n : p.nodes) through += n->requests(), sent += n->upstream_requests();
+  BOOST_TEST(sent <= through);
+  BOOST_TEST(p.job->requests() == sent);  // the job's store served exactly what the relays sent
+}
+
+BOOST_AUTO_TEST_CASE(a_relay_shares_one_wait_among_its_clients_and_sends_a_late_one_up_again) {
+  relay_pair p(1);
+  const int port = p.nodes[0]->port();
+  // 6 clients wait for one key through the relay: one wait goes up, all 6 get the value.
+  std::vector<std::string> got(6);
+  std::vector<std::thread> ts;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ts.emplace_back([&, i] {
+      try {
+        rdzv::tcp_store s(p.client(port));
+        got[i] = s.get("ready", 10s);
+      } catch (const std::exception& e) {
+        got[i] = e.what();
+      }
+    });
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (p.nodes[0]->requests() < got.size() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(2ms);
+  BOOST_TEST(p.nodes[0]->upstream_requests() == 1u);
+  rdzv::tcp_store direct(p.client(p.job->port()));
+  direct.set("ready", "yes");
+  for (auto& t : ts) t.join();
+  for (const auto& g : got) BOOST_TEST(g == "yes");
+  BOOST_TEST(p.nodes[0]->upstream_requests() == 1u);
+
+  // A short wait and a long one share the short one's; when it times out, the short one is
+  // told so (naming the key) and the long one goes up again, and gets the value set later.
+  std::string short_error, long_value;
+  std::thread a([&] {
+    try {
+      rdzv::tcp_store s(p.client(port));
+      (void)s.get("later", 300ms);
+    } catch (const kft::timeout_error& e) {
+      short_error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(50ms);
+  std::thread b([&] {
+    rdzv::tcp_store s(p.client(port));
+    long_value = s.get("later", 10s);
+  });
+  std::this_thread::sleep_for(700ms);
+  direct.set("later", "now");
+  a.join();
+  b.join();
+  BOOST_TEST(short_error.find("later") != std::string::npos, short_error);
+  BOOST_TEST(long_value == "now");
+  BOOST_TEST(p.nodes[0]->upstream_requests() == 3u);  // the shared wait, and the long one again
+}
+
+BOOST_AUTO_TEST_CASE(adds_through_a_relay_give_every_client_its_own_value) {
+  relay_pair p(1);
+  constexpr int n = 16, each = 50;
+  std::vector<std::vector<long long>> seen(n);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      rdzv::tcp_store s(p.client(p.nodes[0]->port()));
+      for (int k = 0; k < each; ++k) seen[static_cast<std::size_t>(i)].push_back(s.add("counter", 1 + (i % 3)));
+    });
+  for (auto& t : ts) t.join();
+  // Every value a client got is one the counter took, in increasing order per client, and
+  // the final value is the sum of every delta.
+  std::vector<long long> all;
+  for (int i = 0; i < n; ++i) {
+    const auto& v = seen[static_cast<std::size_t>(i)];
+    BOOST_TEST(std::is_sorted(v.begin(), v.end()));
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  std::sort(all.begin(), all.end());
+  BOOST_TEST((std::adjacent_find(all.begin(), all.end()) == all.end()));  // no value twice
+  long long total = 0;
+  for (int i = 0; i < n; ++i) total += each * (1 + (i % 3));
+  rdzv::tcp_store direct(p.client(p.job->port()));
+  BOOST_TEST(direct.add("counter", 0) == total);
+  BOOST_TEST(all.back() == total);
+  BOOST_TEST_MESSAGE("adds through the relay: " << p.nodes[0]->requests() << " requests, "
+                                                << p.nodes[0]->upstream_requests() << " sent up");
+}
+
+BOOST_AUTO_TEST_CASE(a_relay_refuses_a_wrong_token_and_drops_a_malformed_client_alone) {
+  std::vector<std::string> lines;
+  std::mutex mu;
+  relay_pair p(1, [&](const std::string& l) {
+    std::lock_guard lock(mu);
+    lines.push_back(l);
+  });
+  const int port = p.nodes[0]->port();
+  BOOST_CHECK_THROW(rdzv::tcp_store(p.client(port, "not-the-token")), kft::config_error);
+  rdzv::tcp_store good(p.client(port));
+  good.set("k", "v");
+  // An authenticated client sends an unknown op, then a get with a missing field: the relay
+  // drops it; its connection to the job's store and its other clients go on.
+  for (std::string body : {std::string("\x63", 1), std::string("\x03\x01\x00\x00\x00k", 6)}) {
+    auto fd = rdzv::detail::connect_with_retry("127.0.0.1", port, 2s);
+    const std::string hello = rdzv::wire::writer().u8(1).str(p.token).str("junk").done();
+    (void)!::send(fd.get(), hello.data(), hello.size(), MSG_NOSIGNAL);
+    const std::string frame = rdzv::wire::writer().raw(body).done();
+    (void)!::send(fd.get(), frame.data(), frame.size(), MSG_NOSIGNAL);
+    char buf[64];
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    ssize_t n = 1;
+    std::size_t total = 0;
+    while (n > 0 && std::chrono::steady_clock::now() < deadline) {  // the hello's answer, then the close
+      n = ::recv(fd.get(), buf, sizeof buf, 0);
+      if (n > 0) total += static_cast<std::size_t>(n);
+    }
+    BOOST_TEST(n == 0);      // closed by the relay
+    BOOST_TEST(total == 5u);  // (only the hello's "ok")
+  }
+  BOOST_TEST(good.get("k", 1s) == "v");
+  BOOST_TEST(p.job->connected() == 1);
+  std::lock_guard lock(mu);
+  BOOST_TEST(std::count_if(lines.begin(), lines.end(), [](const std::string& l) {
+               return l.find("malformed request") != std::string::npos;
+             }) == 2);
+}
+
+BOOST_AUTO_TEST_CASE(a_relay_that_loses_the_store_closes_its_clients) {
+  relay_pair p(1, [](const std::string&) {});
+  rdzv::tcp_store s(p.client(p.nodes[0]->port()));
+  s.set("a", "1");
+  std::string error;
+  std::thread waiter([&] {
+    try {
+      (void)s.get("never", 30s);
+    } catch (const kft::transport_error& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  const double took = seconds_of([&] {
+    p.job.reset();  // the job's store is gone
+    waiter.join();
+  });
+  BOOST_TEST(error.find("lost the rendezvous store") != std::string::npos, error);
+  BOOST_TEST(took < 5.0);
+  BOOST_CHECK_THROW(rdzv::tcp_store(p.client(p.nodes[0]->port())).set("b", "2"), kft::transport_error);
 }

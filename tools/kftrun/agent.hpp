@@ -53,6 +53,11 @@ struct options {
   int nnodes = 1;     // fixed size; with `elastic`, the most nodes a round takes (MAX)
   int min_nodes = 1;  // with `elastic`: the fewest a round starts with (MIN)
   bool elastic = false;  // --nnodes MIN:MAX: rounds re-form as agents join and leave
+  // --store-relay: this node's workers reach the job's store through a relay this agent runs
+  // (tcp_store_server with `upstream`: one connection per node to node 0's store, requests
+  // combined on the way), not each by its own connection. On for every node but node 0 (whose
+  // workers share the store's machine) when the job has several nodes.
+  bool store_relay = false;
   std::chrono::milliseconds last_call = 2s;  // elastic: after MIN have joined, how long node 0 waits for more
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
@@ -190,6 +195,26 @@ class agent {
       return store_failure_class(e);
     }
     client_ = client;
+    std::unique_ptr<rdzv::tcp_store_server> relay;
+    if (opt_.store_relay && opt_.node_rank != 0) {
+      rdzv::tcp_store_server::options ro{"127.0.0.1", 0, opt_.token,
+                                         [who = who()](const std::string& line) { kft::log::warn(who, line); }};
+      ro.upstream.host = opt_.master_addr;
+      ro.upstream.port = opt_.master_port;
+      ro.upstream.connect_timeout = opt_.rdzv_timeout;
+      ro.upstream.name = "kftrun relay of node " + std::to_string(opt_.node_rank) + " on " + host_;
+      try {
+        relay = std::make_unique<rdzv::tcp_store_server>(std::move(ro));
+      } catch (const kft::config_error&) {
+        throw;
+      } catch (const kft::error& e) {
+        log(kft::log::level::error, kft_message(e));
+        return store_failure_class(e);
+      }
+      relay_port_ = relay->port();
+      log(kft::log::level::debug, "this node's workers reach the store through a relay on 127.0.0.1:" +
+                                      std::to_string(relay_port_));
+    }
     prefix_ = "kftrun/" + opt_.run_id + "/";
     store_ = std::make_shared<rdzv::prefix_store>(client, prefix_);
 
@@ -990,8 +1015,9 @@ class agent {
     set("KFT_LAUNCHER", "kftrun");
     set("KFT_RUN_ID", opt_.run_id);
     set("KFT_RESTART_COUNT", std::to_string(attempt));
-    set("KFT_STORE_ADDR", opt_.master_addr);
+    set("KFT_STORE_ADDR", opt_.master_addr);  // (also where the Gloo group picks its interface towards)
     set("KFT_STORE_PORT", std::to_string(opt_.master_port));
+    if (relay_port_) set("KFT_STORE_RELAY_PORT", std::to_string(relay_port_));  // --store-relay: this node's relay
     set("KFT_STORE_PREFIX", "kftrun/" + opt_.run_id + "/r" + std::to_string(attempt) + "/user/");
     set("KFT_RDZV_TOKEN", opt_.token);
     set("KFT_STATUS_NAME", status_name_);
@@ -999,6 +1025,7 @@ class agent {
     set("KFT_TIMEOUT", ms % 1000 == 0 ? std::to_string(ms / 1000) + "s" : std::to_string(ms) + "ms");
     set("KFT_ON_FAILURE", opt_.heal ? "heal" : opt_.keep_going ? "continue" : "stop");  // whether a program may shrink and go on
     env.erase("KFT_JOIN");  // (only a replacement joins a running group: added to its own)
+    if (!relay_port_) env.erase("KFT_STORE_RELAY_PORT");  // (an outer kftrun's: not this job's)
     std::vector<std::string> out;
     for (const auto& [k, v] : env) out.push_back(k + "=" + v);
     return out;
@@ -1011,6 +1038,7 @@ class agent {
   std::set<int> lost_nodes_;     // --on-failure continue across nodes: agents gone (not waited for)
   std::shared_ptr<rdzv::store> store_;
   std::shared_ptr<rdzv::tcp_store> client_;  // store_'s connection (for set_owned)
+  int relay_port_ = 0;                        // --store-relay: the port of this node's relay (0: none)
   std::uint64_t waits_ = 0;  // the rendezvous' waits on the store (slices of wait_or_signal), counted apart
   std::string prefix_;
   std::string status_name_;              // the workers' status sockets' name (KFT_STATUS_NAME)

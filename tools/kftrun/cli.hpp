@@ -175,6 +175,12 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
                  "a replacement with the lost one's rank and KFT_JOIN set joins the running group at a step "
                  "boundary; at most --max-restarts replacements)")
       ->envname("KFT_ON_FAILURE")->check(CLI::IsMember({"stop", "continue", "heal"}))->capture_default_str();
+  std::string store_relay = "auto";
+  app.add_option("--store-relay", store_relay,
+                 "on: this node's workers reach the job's store through a relay this agent runs (one connection per "
+                 "node to the store, requests combined); off: each worker connects to node 0's store; auto: on for "
+                 "nodes other than node 0 when the job has several")
+      ->envname("KFT_STORE_RELAY")->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
   app.add_flag("--standalone", standalone, "single node, any free port (the default when --nnodes is 1)");
   app.add_option("program", o.program, "the program and its arguments (after --)")->required();
   app.positionals_at_end();
@@ -195,6 +201,7 @@ inline std::variant<options, int> parse_command_line(int argc, const char* const
     if (standalone && o.nnodes != 1)
       throw kft::config_error("--standalone", "", "means a single node, but --nnodes=" + std::to_string(o.nnodes));
     o.master_port = port ? *port : (o.nnodes == 1 ? 0 : 29500);
+    o.store_relay = store_relay == "on" || (store_relay == "auto" && (o.nnodes > 1 || o.elastic));
     const auto derived = kft::derived_timeouts::from(
         timeout_text.empty() ? kft::default_job_timeout : kft::detail::parse_duration("--timeout", timeout_text));
     o.job_timeout = derived.job;

@@ -60,6 +60,8 @@ struct store_handle {
 
 /// @brief Which store `connect_store` uses for a world and environment, in words (kft-info).
 inline std::string store_kind(const environment& env) {
+  if (env.has("KFT_STORE_ADDR") && env.has("KFT_STORE_RELAY_PORT"))
+    return "kft store hosted by the launcher (KFT_STORE_ADDR), through this node's relay (KFT_STORE_RELAY_PORT)";
   if (env.has("KFT_STORE_ADDR")) return "kft store hosted by the launcher (KFT_STORE_ADDR)";
   if (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True") return "torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True)";
   return "kft store hosted by rank 0 at MASTER_ADDR:MASTER_PORT";
@@ -68,7 +70,10 @@ inline std::string store_kind(const environment& env) {
 /// @brief Connects to the job's store.
 ///
 /// - Under kftrun: `KFT_STORE_ADDR`, `KFT_STORE_PORT` and `KFT_RDZV_TOKEN` name the store the
-///   launcher hosts, and `KFT_STORE_PREFIX` scopes this restart round's keys.
+///   launcher hosts, and `KFT_STORE_PREFIX` scopes this restart round's keys. With
+///   `KFT_STORE_RELAY_PORT` (kftrun --store-relay, on the nodes of a job with several) the rank
+///   connects to its node's relay on 127.0.0.1 at that port instead, which speaks for the node's
+///   ranks to that store over one connection.
 /// - Under torchrun's static rendezvous (`TORCHELASTIC_USE_AGENT_STORE=True`): torchrun's own
 ///   `TCPStore` at `MASTER_ADDR:MASTER_PORT` (`torch_store.hpp`; no token: torch's store has
 ///   none), keys under `/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/kft/`.
@@ -120,6 +125,10 @@ inline store_handle connect_store(const world_info& w, const environment& env = 
   if (launcher_store) {
     host = *env.get("KFT_STORE_ADDR");
     port = env_int_required(env, "KFT_STORE_PORT", 1, 65535, ctx);
+    if (env.has("KFT_STORE_RELAY_PORT")) {  // this node's relay to that store (kftrun --store-relay)
+      host = "127.0.0.1";
+      port = env_int_required(env, "KFT_STORE_RELAY_PORT", 1, 65535, ctx);
+    }
   } else {
     if (!w.master_addr || !w.master_port)
       throw config_error("KFT_STORE_ADDR", "",

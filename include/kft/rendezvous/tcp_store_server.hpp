@@ -85,6 +85,27 @@ class tcp_store_server {
     /// pod binding its own name, which its headless service publishes a moment after the pod
     /// starts); 0 = one try.
     std::chrono::milliseconds resolve_timeout{0};
+    /// A node's relay (`upstream.port` set): instead of keeping keys, this server speaks for the
+    /// clients of its node to the job's store at `upstream`, over one connection (tagged
+    /// requests), so the job's store holds one connection per node however many ranks a node
+    /// has. Its clients see the same store (the same protocol and token; every request is the
+    /// job's store's), with requests combined on the way:
+    /// - adds to one key while one is on its way go up as one add of their sum, and each client
+    ///   gets the value it would have got alone (the adds in arrival order);
+    /// - gets, waits and multi_gets of the same keys while one is on its way share it (a client
+    ///   whose deadline comes before the shared one's is sent up alone; one still within its
+    ///   deadline when the shared one times out is sent up again);
+    /// - everything else goes up as it came, one tagged request each.
+    /// A key set with `set_owned` through a relay is owned by the relay's connection: it goes
+    /// when the node's relay does, not when the rank's connection closes. When the job's store
+    /// is lost, every client's connection is closed (each sees the store lost), and new ones are.
+    struct upstream_store {
+      std::string host;
+      int port = 0;                                  ///< 0: not a relay
+      std::string source_address{};                  ///< the local address to connect from (numeric)
+      std::chrono::milliseconds connect_timeout{30000};
+      std::string name = "relay";                    ///< shown in the job's store's log when refused
+    } upstream{};
   };
 
   explicit tcp_store_server(options opt) : opt_(std::move(opt)) {
@@ -112,6 +133,7 @@ class tcp_store_server {
     detail::set_nonblocking(listen_.get(), true);
     if (!watch(wake_read_.get(), EPOLL_CTL_ADD, EPOLLIN, wake_tag) || !watch(listen_.get(), EPOLL_CTL_ADD, EPOLLIN, listen_tag))
       throw transport_error("epoll_ctl failed: " + detail::errno_text(errno), error_site::of("store listen"), errno);
+    if (opt_.upstream.port > 0) connect_upstream();
     thread_ = std::thread([this] { run(); });
   }
   ~tcp_store_server() {
@@ -136,6 +158,9 @@ class tcp_store_server {
   /// @brief Requests of authenticated clients handled so far (one per frame: a `multi_get` of
   /// 1,000 keys is one, as is a `wait` on them). What tests count round trips with.
   std::uint64_t requests() const noexcept { return requests_.load(std::memory_order_relaxed); }
+  /// @brief A relay: requests sent to the job's store so far (its clients' requests, less those
+  /// combined on the way).
+  std::uint64_t upstream_requests() const noexcept { return upstream_requests_.load(std::memory_order_relaxed); }
 
   /// @brief Waits until every client has disconnected (or `timeout` passed): a process that
   /// hosts the store calls this before it exits, so no rank loses the store mid-request.
@@ -153,6 +178,7 @@ class tcp_store_server {
  private:
   static constexpr std::uint64_t wake_tag = ~std::uint64_t{0};
   static constexpr std::uint64_t listen_tag = wake_tag - 1;
+  static constexpr std::uint64_t upstream_tag = wake_tag - 2;
   /// Accepted per turn of the loop: a burst of connections does not starve the hellos and
   /// requests of those already accepted.
   static constexpr int accept_batch = 64;
@@ -175,6 +201,9 @@ class tcp_store_server {
     std::uint32_t unseen = 0;        // keys it watches that no write has touched since
     std::uint32_t events = 0;        // what epoll watches for it now
     std::uint32_t owned_mark = 0;    // owned.size() after the last compaction
+    std::uint32_t tag = 0;           // a tagged request's: its tag
+    std::uint32_t tagged_waiting = 0;  // a connection's: its tagged requests waiting now
+    std::uint64_t parent = 0;        // a tagged request's: its connection (it has no socket of its own)
     wire::op wait_op = wire::op::get;
     bool authed = false;
     bool closing = false;   // close once `out` is flushed
@@ -212,6 +241,8 @@ class tcp_store_server {
           }
         } else if (tag == listen_tag) {
           accept_some();
+        } else if (tag == upstream_tag) {
+          on_upstream(events[static_cast<std::size_t>(i)].events);
         } else if (auto* c = find(tag)) {
           on_event(*c, events[static_cast<std::size_t>(i)].events);
         }
@@ -227,7 +258,7 @@ class tcp_store_server {
       }
       finish_turn();
       compact_watchers();
-      connected_.store(static_cast<int>(clients_.size()));
+      connected_.store(static_cast<int>(clients_.size() - live_children_));
     }
   }
 
@@ -302,7 +333,25 @@ class tcp_store_server {
       --strangers_;
     }
     release(c);
+    if (c.parent) {
+      retire(c);
+      return;
+    }
+    if (const auto it = children_.find(c.id); it != children_.end()) {  // its tagged requests still waiting
+      const auto ids = std::move(it->second);
+      children_.erase(it);
+      for (const auto id : ids)
+        if (client* ch = find(id); ch && ch->parent == c.id) retire(*ch);
+    }
     clients_.erase(c.id);  // closes the descriptor, which leaves the epoll set with it
+  }
+
+  // A tagged request's record, answered (or its connection gone): removed.
+  void retire(client& ch) {
+    end_wait(ch);
+    if (client* p = find(ch.parent); p && p->tagged_waiting) --p->tagged_waiting;
+    --live_children_;
+    clients_.erase(ch.id);
   }
 
   // ---- connections -----------------------------------------------------------------------
@@ -415,6 +464,9 @@ class tcp_store_server {
 
   // Ends a connection: nothing more is read, served or sent; closed after this turn.
   void gone(client& c) {
+    if (c.parent) {  // (a malformed tagged request: its connection goes)
+      if (client* p = find(c.parent)) gone(*p);
+    }
     c.closing = true;
     c.out.clear();
     c.in.clear();
@@ -478,6 +530,16 @@ class tcp_store_server {
   }
 
   void reply(client& c, std::string frame) {
+    if (c.parent) {  // a tagged request's reply goes to its connection, with the tag
+      client* p = find(c.parent);
+      if (!p || p->closing) return;
+      reply(*p, wire::writer()
+                    .u8(static_cast<std::uint8_t>(wire::status::tagged))
+                    .u32(c.tag)
+                    .raw(std::string_view(frame).substr(4))
+                    .done());
+      return;
+    }
     if (c.out.empty()) c.out = std::move(frame);
     else c.out += frame;
     flush(c);
@@ -542,6 +604,10 @@ class tcp_store_server {
       return;
     }
     requests_.fetch_add(1, std::memory_order_relaxed);
+    if (opt_.upstream.port > 0) {
+      relay(c, o, std::move(r));
+      return;
+    }
     wire::writer w;
     auto ok = [&]() -> wire::writer& { return w.u8(static_cast<std::uint8_t>(wire::status::ok)); };
     auto refuse = [&](const std::string& why) {
@@ -649,6 +715,42 @@ class tcp_store_server {
         reply(c, w.done());
         return;
       }
+      case wire::op::tagged: {
+        const auto tag = r.u32();
+        std::string inner = r.rest();
+        if (!r.ok() || inner.empty() || c.parent) break;
+        const auto inner_op = static_cast<wire::op>(static_cast<unsigned char>(inner[0]));
+        if (inner_op == wire::op::hello || inner_op == wire::op::tagged) break;
+        requests_.fetch_sub(1, std::memory_order_relaxed);  // (the inner request is the one counted)
+        auto made = std::make_unique<client>();
+        client& ch = *made;
+        ch.id = ++next_id_;
+        ch.parent = c.id;
+        ch.tag = tag;
+        ch.authed = true;
+        clients_.emplace(ch.id, std::move(made));
+        ++live_children_;
+        if (c.tagged_waiting >= wire::max_tagged_pending) {
+          reply(ch, w.u8(static_cast<std::uint8_t>(wire::status::error))
+                        .str("more than " + std::to_string(wire::max_tagged_pending) +
+                             " tagged requests of one connection waiting at once")
+                        .done());
+        } else {
+          handle(ch, std::move(inner));
+        }
+        if (ch.waiting && !ch.closing) {  // answered later (serve_ready, expire_waiters)
+          ++c.tagged_waiting;
+          auto& kids = children_[c.id];
+          kids.push_back(ch.id);
+          if (kids.size() > 2u * c.tagged_waiting + 16u)  // (ids of answered ones dropped now and then)
+            std::erase_if(kids, [&](std::uint64_t id) { return find(id) == nullptr; });
+        } else {
+          end_wait(ch);
+          --live_children_;
+          clients_.erase(ch.id);
+        }
+        return;
+      }
       case wire::op::hello:
         break;
     }
@@ -659,8 +761,10 @@ class tcp_store_server {
 
   // Every write of a key (set, set_owned, add, a compare_set that swapped, multi_set): records
   // its owner and wakes the waiters of that key.
-  void write(client& c, std::string key, std::string value, bool owned) {
+  void write(client& by, std::string key, std::string value, bool owned) {
     if (owned) {
+      client* p = by.parent ? find(by.parent) : nullptr;
+      client& c = p ? *p : by;  // (a tagged request's keys are its connection's)
       owners_.insert_or_assign(key, c.id);
       c.owned.push_back(key);
       if (c.owned.size() > 2u * c.owned_mark + 16u) compact_owned(c);
@@ -796,7 +900,8 @@ class tcp_store_server {
         const auto o = c->wait_op;
         end_wait(*c);
         answer(*c, o, keys);
-        process(*c);
+        if (c->parent) retire(*c);
+        else process(*c);
       }
     }
   }
@@ -812,7 +917,8 @@ class tcp_store_server {
       const auto keys = std::move(c->wait_keys);
       end_wait(*c);
       answer_timeout(*c, keys);
-      process(*c);
+      if (c->parent) retire(*c);
+      else process(*c);
     }
   }
 
@@ -835,6 +941,302 @@ class tcp_store_server {
     }
   }
 
+  // ---- a node's relay (options::upstream) ----------------------------------------------
+
+  // Connects to the job's store and presents the token (before the loop starts).
+  void connect_upstream() {
+    const auto& u = opt_.upstream;
+    const auto deadline = detail::clock::now() + u.connect_timeout;
+    const auto hello = wire::writer().u8(static_cast<std::uint8_t>(wire::op::hello)).str(opt_.token).str(u.name).done();
+    for (auto pause = std::chrono::milliseconds(20);;) {
+      up_ = detail::connect_until(u.host, u.port, deadline, u.connect_timeout, {}, u.source_address);
+      char buf[16];
+      std::string why = detail::send_all(up_.get(), hello, deadline);
+      if (why.empty()) {
+        const auto got = detail::recv_at_least(up_.get(), buf, 5, sizeof buf, deadline);
+        if (got.what == detail::recv_result::status::ok && got.got == 5 && wire::frame_length(buf) == 1) {
+          if (static_cast<wire::status>(buf[4]) != wire::status::ok)
+            throw config_error("KFT_RDZV_TOKEN", "(hidden)",
+                               "was refused by the job's store at " + detail::endpoint(u.host, u.port) +
+                                   " (this relay's token is not the job's)",
+                               error_site::of("store relay"));
+          break;
+        }
+        why = "no answer to the hello";
+      }
+      // (a store flooded with connections sheds some before their hello: again, with backoff)
+      if (detail::clock::now() + pause >= deadline)
+        throw transport_error("relay: cannot reach the job's store at " + detail::endpoint(u.host, u.port) + ": " + why,
+                              error_site::of("store relay"), ECONNREFUSED);
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+    }
+    detail::set_nonblocking(up_.get(), true);
+    detail::set_nodelay(up_.get());
+    if (!watch(up_.get(), EPOLL_CTL_ADD, EPOLLIN, upstream_tag))
+      throw transport_error("epoll_ctl failed: " + detail::errno_text(errno), error_site::of("store relay"), errno);
+    up_events_ = EPOLLIN;
+  }
+
+  // One client's request, sent up (combined with others where it can be).
+  void relay(client& c, wire::op o, wire::reader r) {
+    if (up_lost_) {
+      gone(c);
+      return;
+    }
+    // (checked here: a malformed request sent up would end the relay's connection, every
+    // client's; here it ends this client's)
+    if (!well_formed(o, r)) return malformed(c, o);
+    const std::string& payload = r.data();
+    if (o == wire::op::add) {
+      const auto key = r.str();
+      const auto delta = r.i64();
+      c.waiting = true;
+      auto& q = adds_[key];
+      q.queued.emplace_back(c.id, delta);
+      if (!q.on_its_way) send_adds(key, q);
+      return;
+    }
+    if (o == wire::op::get || o == wire::op::wait || o == wire::op::multi_get) {
+      if (payload.size() < 5) return malformed(c, o);
+      // Requests for the same keys share one: keyed by the payload less its timeout.
+      std::string same = payload.substr(0, payload.size() - 4);
+      wire::reader t(payload.substr(payload.size() - 4));
+      const auto timeout = std::chrono::milliseconds(t.u32());
+      const auto deadline = detail::clock::now() + timeout;
+      c.waiting = true;
+      if (timeout.count() > 0) {
+        if (auto it = shared_.find(same); it != shared_.end() && deadline >= it->second.deadline) {
+          it->second.waiters.emplace_back(c.id, deadline);
+          return;
+        }
+        if (shared_.find(same) == shared_.end()) {
+          auto& sh = shared_[same];
+          sh.deadline = deadline;
+          sh.waiters.emplace_back(c.id, deadline);
+          send_up(payload, flight{flight::shared, 0, same, {}});
+          return;
+        }
+      }
+      send_up(payload, flight{flight::single, c.id, {}, {}});
+      return;
+    }
+    c.waiting = true;
+    send_up(payload, flight{flight::single, c.id, {}, {}});
+  }
+
+  // Whether a request (read past its op) has the fields its op calls for, and nothing more.
+  static bool well_formed(wire::op o, wire::reader r) {
+    switch (o) {
+      case wire::op::set:
+      case wire::op::set_owned:
+        (void)r.str(), (void)r.str();
+        break;
+      case wire::op::get:
+        (void)r.str(), (void)r.u32();
+        break;
+      case wire::op::wait:
+      case wire::op::multi_get:
+      case wire::op::multi_set: {
+        const auto n = r.u32();
+        if (!r.ok()) return false;
+        if (n > wire::max_batch) return true;  // (the job's store refuses it, saying why)
+        for (std::uint32_t i = 0; i < n && r.ok(); ++i) {
+          (void)r.str();
+          if (o == wire::op::multi_set) (void)r.str();
+        }
+        if (o != wire::op::multi_set) (void)r.u32();
+        break;
+      }
+      case wire::op::add:
+        (void)r.str(), (void)r.i64();
+        break;
+      case wire::op::cas:
+        (void)r.str(), (void)r.u8(), (void)r.str(), (void)r.str();
+        break;
+      case wire::op::erase:
+      case wire::op::keys:
+        (void)r.str();
+        break;
+      case wire::op::ping:
+        break;
+      default:  // hello (again), tagged, or no op at all
+        return false;
+    }
+    return r.ok() && r.at_end();
+  }
+
+  void malformed(client& c, wire::op o) {
+    opt_.log("kft store " + address() + ": dropped " + c.peer + ": malformed request (op " +
+             std::to_string(static_cast<int>(o)) + ")");
+    gone(c);
+  }
+
+  // What a tagged request sent up is for.
+  struct flight {
+    enum kind_t { single, shared, adds } kind = single;
+    std::uint64_t client = 0;  // single: the client it answers
+    std::string key;           // shared: its entry in shared_; adds: the counter
+    std::vector<std::pair<std::uint64_t, std::int64_t>> adders{};  // adds: (client, delta), in order
+  };
+  struct shared_wait {
+    detail::clock::time_point deadline;  // the request on its way's
+    std::vector<std::pair<std::uint64_t, detail::clock::time_point>> waiters;  // (client, its own deadline)
+  };
+  struct add_queue {
+    bool on_its_way = false;
+    std::vector<std::pair<std::uint64_t, std::int64_t>> queued;
+  };
+
+  void send_up(std::string_view payload, flight f) {
+    const auto tag = ++next_tag_;
+    in_flight_.emplace(tag, std::move(f));
+    std::string frame = wire::writer().u8(static_cast<std::uint8_t>(wire::op::tagged)).u32(tag).raw(payload).done();
+    if (up_out_.empty()) up_out_ = std::move(frame);
+    else up_out_ += frame;
+    upstream_requests_.fetch_add(1, std::memory_order_relaxed);
+    flush_upstream();
+  }
+
+  // The adds queued on `key` go up as one.
+  void send_adds(const std::string& key, add_queue& q) {
+    std::int64_t sum = 0;
+    for (const auto& [id, d] : q.queued) sum += d;
+    q.on_its_way = true;
+    flight f{flight::adds, 0, key, std::move(q.queued)};
+    q.queued.clear();
+    send_up(wire::writer().u8(static_cast<std::uint8_t>(wire::op::add)).str(key).i64(sum).done().substr(4), std::move(f));
+  }
+
+  void flush_upstream() {
+    while (!up_out_.empty() && up_) {
+      const ssize_t n = ::send(up_.get(), up_out_.data(), up_out_.size(), MSG_NOSIGNAL);
+      if (n > 0) {
+        up_out_.erase(0, static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      return upstream_lost("sending to it failed: " + detail::errno_text(errno));
+    }
+    const std::uint32_t want = EPOLLIN | (up_out_.empty() ? 0u : static_cast<std::uint32_t>(EPOLLOUT));
+    if (up_ && want != up_events_) {
+      watch(up_.get(), EPOLL_CTL_MOD, want, upstream_tag);
+      up_events_ = want;
+    }
+  }
+
+  void on_upstream(std::uint32_t ev) {
+    if (ev & EPOLLOUT) flush_upstream();
+    if (!(ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) || !up_) return;
+    char buf[65536];
+    while (true) {
+      const ssize_t n = ::recv(up_.get(), buf, sizeof buf, 0);
+      if (n > 0) {
+        up_in_.append(buf, static_cast<std::size_t>(n));
+        if (static_cast<std::size_t>(n) < sizeof buf) break;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      return upstream_lost(n == 0 ? "it closed the connection" : detail::errno_text(errno));
+    }
+    std::size_t pos = 0;
+    while (up_in_.size() - pos >= 4) {
+      const auto n = wire::frame_length(std::string_view(up_in_).substr(pos, 4));
+      if (n < 5 || n > wire::max_frame) return upstream_lost("a malformed reply");
+      if (up_in_.size() - pos < 4u + n) break;
+      // status (tagged), u32 tag, the inner reply
+      const std::string_view frame = std::string_view(up_in_).substr(pos + 4, n);
+      pos += 4u + n;
+      if (static_cast<wire::status>(frame[0]) != wire::status::tagged) return upstream_lost("a reply without its tag");
+      answered(wire::frame_length(frame.substr(1, 4)), std::string(frame.substr(5)));
+    }
+    up_in_.erase(0, pos);
+    serve_ready();  // (clients answered may have requests waiting behind)
+  }
+
+  // The reply to tagged request `tag` (the inner payload).
+  void answered(std::uint32_t tag, std::string inner) {
+    const auto it = in_flight_.find(tag);
+    if (it == in_flight_.end()) return;
+    flight f = std::move(it->second);
+    in_flight_.erase(it);
+    const auto frame = [](std::string_view p) { return wire::writer().raw(p).done(); };
+    switch (f.kind) {
+      case flight::single:
+        deliver(f.client, frame(inner));
+        return;
+      case flight::adds: {
+        wire::reader r(inner);
+        const auto st = static_cast<wire::status>(r.u8());
+        std::int64_t total = r.i64();
+        if (st == wire::status::ok && r.ok()) {
+          // In arrival order: the last gets the total, each earlier one the total less the deltas after it.
+          for (auto k = f.adders.size(); k-- > 0;) {
+            deliver(f.adders[k].first, wire::writer().u8(static_cast<std::uint8_t>(wire::status::ok)).i64(total).done());
+            total -= f.adders[k].second;
+          }
+        } else {
+          for (const auto& a : f.adders) deliver(a.first, frame(inner));
+        }
+        auto& q = adds_[f.key];
+        q.on_its_way = false;
+        if (!q.queued.empty()) send_adds(f.key, q);
+        else adds_.erase(f.key);
+        return;
+      }
+      case flight::shared: {
+        const auto sit = shared_.find(f.key);
+        if (sit == shared_.end()) return;
+        auto waiters = std::move(sit->second.waiters);
+        shared_.erase(sit);
+        const bool timed_out = !inner.empty() && static_cast<wire::status>(inner[0]) == wire::status::timeout;
+        const auto now = detail::clock::now();
+        std::vector<std::pair<std::uint64_t, detail::clock::time_point>> again;
+        for (const auto& [id, deadline] : waiters) {
+          if (timed_out && deadline > now + std::chrono::milliseconds(1)) again.emplace_back(id, deadline);
+          else deliver(id, frame(inner));
+        }
+        if (!again.empty()) {  // still within their deadline: up again, sharing the earliest
+          auto earliest = again.front().second;
+          for (const auto& a : again) earliest = std::min(earliest, a.second);
+          auto& sh = shared_[f.key];
+          sh.deadline = earliest;
+          sh.waiters = std::move(again);
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(earliest - now).count();
+          send_up(wire::writer().raw(f.key).u32(static_cast<std::uint32_t>(std::max<long long>(left, 1))).done().substr(4),
+                  flight{flight::shared, 0, f.key, {}});
+        }
+        return;
+      }
+    }
+  }
+
+  // A reply for a client that waits for one (gone meanwhile: dropped).
+  void deliver(std::uint64_t id, std::string frame) {
+    client* c = find(id);
+    if (!c || !c->waiting || c->closing) return;
+    c->waiting = false;
+    reply(*c, std::move(frame));
+    process(*c);
+  }
+
+  // The job's store is gone: every client goes, and new ones do (they see the store lost).
+  void upstream_lost(const std::string& why) {
+    if (up_lost_) return;
+    up_lost_ = true;
+    opt_.log("kft store relay " + address() + ": lost the job's store at " +
+             detail::endpoint(opt_.upstream.host, opt_.upstream.port) + ": " + why + "; closing its clients");
+    if (up_) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, up_.get(), nullptr);
+    up_.reset();
+    in_flight_.clear();
+    shared_.clear();
+    adds_.clear();
+    for (auto& [id, c] : clients_)
+      if (c->authed && !c->parent) gone(*c);
+  }
+
   options opt_;
   detail::unique_fd listen_, wake_read_, wake_write_, epoll_;
   int port_ = 0;
@@ -844,7 +1246,9 @@ class tcp_store_server {
   std::atomic<int> dropped_{0};
   std::atomic<std::uint64_t> requests_{0};
   // Everything below is touched by the server thread only.
-  std::unordered_map<std::uint64_t, std::unique_ptr<client>> clients_;
+  std::unordered_map<std::uint64_t, std::unique_ptr<client>> clients_;  // connections, and tagged requests waiting
+  std::size_t live_children_ = 0;  // tagged requests among clients_
+  std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> children_;  // connection -> its tagged requests (some answered)
   std::vector<std::uint64_t> dirty_;
   std::deque<std::uint64_t> stranger_order_;  // unauthenticated connections in accept order (some stale)
   int strangers_ = 0;                         // live ones among them
@@ -861,6 +1265,16 @@ class tcp_store_server {
   std::size_t watch_entries_ = 0, live_watches_ = 0;
   std::uint64_t wait_serial_ = 0;
   std::uint64_t next_id_ = 0;
+  // A relay's (options::upstream): the connection to the job's store, and its requests on their way.
+  detail::unique_fd up_;
+  std::string up_in_, up_out_;
+  std::uint32_t up_events_ = 0;
+  bool up_lost_ = false;
+  std::uint32_t next_tag_ = 0;
+  std::unordered_map<std::uint32_t, flight> in_flight_;
+  std::unordered_map<std::string, shared_wait> shared_;
+  std::unordered_map<std::string, add_queue> adds_;
+  std::atomic<std::uint64_t> upstream_requests_{0};
   std::thread thread_;
 };
 

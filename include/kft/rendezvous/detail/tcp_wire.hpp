@@ -20,6 +20,15 @@
 /// | multi_set | u32 n, n x (key, value) | - |
 /// | multi_get | u32 n, n keys, u32 timeout ms | u32 n, n values |
 ///
+/// | tagged | u32 tag, one request above (from its op) | `tagged` u32 tag, that request's reply |
+///
+/// `tagged` lets one connection have many requests in flight (a node's relay,
+/// tcp_store_relay.hpp, speaks for its ranks over one connection): the server handles the inner
+/// request at once, and a get or wait that must wait does not stop the connection; its reply
+/// comes when it is ready, carrying the tag (replies to tagged requests may come in any order;
+/// a `set_owned` through a tagged request is owned by the connection). At most
+/// `max_tagged_pending` of a connection's tagged requests may wait at once.
+///
 /// A get, wait or multi_get that runs out of time is answered `timeout` + u32 n + the n keys
 /// still missing; a request the server refuses (add on a non-integer, a batch over the limits) is
 /// answered `error` + a message. `multi_set` is applied as one step: no other request sees part
@@ -40,8 +49,10 @@ namespace wire {
 
 // set_owned: a set whose key the server erases when the connection that set it closes (see
 // tcp_store::set_owned).
-enum class op : std::uint8_t { hello = 1, set, get, wait, add, cas, erase, ping, keys, set_owned, multi_set, multi_get };
-enum class status : std::uint8_t { ok = 0, denied = 1, timeout = 2, error = 3 };
+enum class op : std::uint8_t {
+  hello = 1, set, get, wait, add, cas, erase, ping, keys, set_owned, multi_set, multi_get, tagged
+};
+enum class status : std::uint8_t { ok = 0, denied = 1, timeout = 2, error = 3, tagged = 4 };
 
 /// Largest frame accepted after authentication, and before it.
 inline constexpr std::uint32_t max_frame = 64u << 20;
@@ -49,6 +60,8 @@ inline constexpr std::uint32_t max_hello_frame = 4096;
 /// Most keys in one wait, multi_get or multi_set (a 64 MiB frame of empty keys would otherwise
 /// become 16 Mi strings in the server: 8x the frame).
 inline constexpr std::uint32_t max_batch = 1u << 20;
+/// Most tagged requests of one connection waiting at once.
+inline constexpr std::uint32_t max_tagged_pending = 1u << 16;
 
 /// Builds one frame.
 class writer {
@@ -69,6 +82,11 @@ class writer {
   }
   writer& str(std::string_view s) {
     u32(static_cast<std::uint32_t>(s.size()));
+    buf_ += s;
+    return *this;
+  }
+  /// Bytes as they are (a whole inner payload, after a tag).
+  writer& raw(std::string_view s) {
     buf_ += s;
     return *this;
   }
@@ -108,8 +126,16 @@ class reader {
     pos_ += n;
     return s;
   }
+  /// Everything not read yet (a tagged request's inner payload).
+  std::string rest() {
+    std::string s = data_.substr(pos_);
+    pos_ = data_.size();
+    return s;
+  }
   bool ok() const noexcept { return ok_; }
   bool at_end() const noexcept { return pos_ == data_.size(); }
+  /// The whole payload, read or not.
+  const std::string& data() const noexcept { return data_; }
 
  private:
   bool need(std::size_t n) {
