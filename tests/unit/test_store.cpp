@@ -1045,6 +1045,47 @@ BOOST_AUTO_TEST_CASE(a_relay_shares_one_wait_among_its_clients_and_sends_a_late_
   BOOST_TEST(p.nodes[0]->upstream_requests() == 3u);  // the shared wait, and the long one again
 }
 
+BOOST_AUTO_TEST_CASE(a_client_that_asks_again_as_its_shared_wait_times_out_is_answered_too) {
+  // Client A sends two gets of one key back to back (200 ms each); client B waits for it for
+  // 10 s and shares A's first. When that times out, A's second get is read as A is answered,
+  // and takes the key's shared entry: B goes up again alone, and both of A's gets are answered.
+  relay_pair p(1);
+  const int port = p.nodes[0]->port();
+  auto fd = rdzv::detail::connect_with_retry("127.0.0.1", port, 2s);
+  namespace wire = rdzv::wire;
+  std::string out = wire::writer().u8(1).str(p.token).str("pipelined").done();
+  for (int i = 0; i < 2; ++i) out += wire::writer().u8(static_cast<std::uint8_t>(wire::op::get)).str("k").u32(200).done();
+  std::string b_value;
+  std::thread b([&] {
+    std::this_thread::sleep_for(50ms);
+    rdzv::tcp_store s(p.client(port));
+    b_value = s.get("k", 10s);
+  });
+  (void)!::send(fd.get(), out.data(), out.size(), MSG_NOSIGNAL);
+  // The hello's answer, then two timeouts (status 2), within 3 s.
+  std::string in;
+  int timeouts = 0;
+  const auto deadline = std::chrono::steady_clock::now() + 3s;
+  while (timeouts < 2 && std::chrono::steady_clock::now() < deadline) {
+    pollfd pfd{fd.get(), POLLIN, 0};
+    if (::poll(&pfd, 1, 50) <= 0) continue;
+    char buf[256];
+    const ssize_t n = ::recv(fd.get(), buf, sizeof buf, 0);
+    if (n <= 0) break;
+    in.append(buf, static_cast<std::size_t>(n));
+    while (in.size() >= 4 && in.size() >= 4u + wire::frame_length(in)) {
+      const auto len = wire::frame_length(in);
+      if (len > 0 && static_cast<wire::status>(in[4]) == wire::status::timeout) ++timeouts;
+      in.erase(0, 4u + len);
+    }
+  }
+  BOOST_TEST(timeouts == 2);
+  rdzv::tcp_store direct(p.client(p.job->port()));
+  direct.set("k", "v");
+  b.join();
+  BOOST_TEST(b_value == "v");
+}
+
 BOOST_AUTO_TEST_CASE(adds_through_a_relay_give_every_client_its_own_value) {
   relay_pair p(1);
   constexpr int n = 16, each = 50;

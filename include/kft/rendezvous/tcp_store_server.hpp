@@ -1198,16 +1198,23 @@ class tcp_store_server {
           if (timed_out && deadline > now + std::chrono::milliseconds(1)) again.emplace_back(id, deadline);
           else deliver(id, frame(inner));
         }
-        if (!again.empty()) {  // still within their deadline: up again, sharing the earliest
-          auto earliest = again.front().second;
-          for (const auto& a : again) earliest = std::min(earliest, a.second);
-          auto& sh = shared_[f.key];
-          sh.deadline = earliest;
-          sh.waiters = std::move(again);
-          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(earliest - now).count();
+        if (again.empty()) return;
+        const auto up_again = [&](detail::clock::time_point until, flight next) {
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count();
           send_up(wire::writer().raw(f.key).u32(static_cast<std::uint32_t>(std::max<long long>(left, 1))).done().substr(4),
-                  flight{flight::shared, 0, f.key, {}});
+                  std::move(next));
+        };
+        if (shared_.count(f.key)) {  // (a client answered above asked again meanwhile: each goes up alone)
+          for (const auto& [id, deadline] : again) up_again(deadline, flight{flight::single, id, {}, {}});
+          return;
         }
+        // Still within their deadline: up again, sharing the earliest.
+        auto earliest = again.front().second;
+        for (const auto& a : again) earliest = std::min(earliest, a.second);
+        auto& sh = shared_[f.key];
+        sh.deadline = earliest;
+        sh.waiters = std::move(again);
+        up_again(earliest, flight{flight::shared, 0, f.key, {}});
         return;
       }
     }
