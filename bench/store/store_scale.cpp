@@ -64,6 +64,7 @@
 
 #include <kft/rendezvous/tcp_store.hpp>
 #include <kft/rendezvous/tcp_store_server.hpp>
+#include <kft/rendezvous/tcp_store_relay.hpp>
 #include <kft/rendezvous/torch_store.hpp>
 
 namespace rdzv = kft::rendezvous;
@@ -349,8 +350,7 @@ class node_driver {
           rdzv::tcp_store_server::options o;
           o.host = source_address(cfg_.first_node + k);
           o.token = cfg_.token;
-          o.upstream.host = "127.0.0.1";
-          o.upstream.port = cfg_.port;
+          o.upstream = rdzv::relay_to("127.0.0.1", cfg_.port);
           o.upstream.source_address = o.host;
           o.upstream.connect_timeout = std::chrono::seconds(cfg_.timeout_s);
           o.upstream.name = "node " + std::to_string(cfg_.first_node + k);

@@ -28,6 +28,7 @@
 #include <kft/rendezvous/file_store.hpp>
 #include <kft/rendezvous/memory_store.hpp>
 #include <kft/rendezvous/tcp_store.hpp>
+#include <kft/rendezvous/tcp_store_relay.hpp>
 
 using namespace std::chrono_literals;
 namespace rdzv = kft::rendezvous;
@@ -72,8 +73,7 @@ std::vector<fixture_store> all_stores() {
   auto both = std::make_shared<relayed>();
   both->job = std::make_shared<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", 0, token, {}});
   rdzv::tcp_store_server::options ro{"127.0.0.1", 0, token, {}};
-  ro.upstream.host = "127.0.0.1";
-  ro.upstream.port = both->job->port();
+  ro.upstream = rdzv::relay_to("127.0.0.1", both->job->port());
   both->node = std::make_shared<rdzv::tcp_store_server>(ro);
   out.push_back({"relay",
                  [both, token] {
@@ -936,8 +936,7 @@ struct relay_pair {
     job = std::make_unique<rdzv::tcp_store_server>(rdzv::tcp_store_server::options{"127.0.0.1", 0, token, log});
     for (int i = 0; i < relays; ++i) {
       rdzv::tcp_store_server::options ro{"127.0.0.1", 0, token, log};
-      ro.upstream.host = "127.0.0.1";
-      ro.upstream.port = job->port();
+      ro.upstream = rdzv::relay_to("127.0.0.1", job->port());
       ro.upstream.name = "node " + std::to_string(i) + " relay";
       nodes.push_back(std::make_unique<rdzv::tcp_store_server>(ro));
     }

@@ -38,6 +38,7 @@
 #include <kft/core/timeout.hpp>
 #include <kft/core/token.hpp>
 #include <kft/rendezvous/tcp_store.hpp>
+#include <kft/rendezvous/tcp_store_relay.hpp>
 
 #include "exit_codes.hpp"
 #include "status.hpp"
@@ -199,8 +200,7 @@ class agent {
     if (opt_.store_relay && opt_.node_rank != 0) {
       rdzv::tcp_store_server::options ro{"127.0.0.1", 0, opt_.token,
                                          [who = who()](const std::string& line) { kft::log::warn(who, line); }};
-      ro.upstream.host = opt_.master_addr;
-      ro.upstream.port = opt_.master_port;
+      ro.upstream = rdzv::relay_to(opt_.master_addr, opt_.master_port);
       ro.upstream.connect_timeout = opt_.rdzv_timeout;
       ro.upstream.name = "kftrun relay of node " + std::to_string(opt_.node_rank) + " on " + host_;
       try {
