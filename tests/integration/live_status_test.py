@@ -16,6 +16,7 @@ Also: nothing is left in TMPDIR (the workers' status sockets are abstract: no fi
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,4 +164,5 @@ for a, x in zip(agents, readers):
 left = [f for f in os.listdir(tmp) if f.startswith("kftrun-")]
 expect(not left, f"the live status left no file in TMPDIR ({left})")
 expect(not marked_processes(worker, skip=("live_status_test.py",)), "no worker is left")
+shutil.rmtree(tmp, ignore_errors=True)
 print("PASS: kftrun's live status")

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +25,7 @@
 #include <kft/core/flight_recorder.hpp>
 #include <kft/group/factory.hpp>
 #include <kft/rendezvous/memory_store.hpp>
+#include <kft/transport/shm/communicator.hpp>
 
 namespace fs = std::filesystem;
 namespace tr = kft::trace;
@@ -208,6 +210,78 @@ BOOST_AUTO_TEST_CASE(the_process_group_records_its_calls) {
   } catch (const kft::config_error& e) {
     BOOST_TEST(std::string(e.what()).find("KFT_TRACE_ENTRIES") != std::string::npos);
   }
+}
+
+// The shared-memory transport writes its blocking calls' entries, begun once the rank's arrival
+// is out and ended as they return (trace::arrival_note): the entry is there while the call
+// waits, it names the algorithm the transport chose, a call made on the communicator directly
+// is recorded too, and calls that fail before their arrival are recorded by the group with the
+// right numbers: a broadcast refused for its root before it is numbered, an allreduce refused
+// for overlapping buffers after.
+BOOST_AUTO_TEST_CASE(the_shared_memory_transport_writes_entries_at_arrival) {
+  auto store = std::make_shared<kft::rendezvous::memory_store>();
+  const kft::environment env(kft::environment::map_type{{"KFT_RUN_ID", "trace-notes"}, {"KFT_TRACE_ENTRIES", "16"}});
+  std::vector<std::vector<std::string>> seen(2);
+  std::atomic<bool> looked{false};
+  std::string inside;
+  std::vector<std::thread> t;
+  for (int r = 0; r < 2; ++r)
+    t.emplace_back([&, r] {
+      auto pg = kft::group::make_process_group(place(r, 2), store, {}, env);
+      auto* shm = pg.get<kft::shm::communicator>();
+      BOOST_REQUIRE(shm != nullptr);
+      std::vector<float> x(4, 1.0f);
+      pg.allreduce(std::span<float>(x), kft::ops::sum);  // #1
+      try {
+        pg.broadcast(std::span<float>(x), 7);  // refused before it is numbered: no rank runs it
+        BOOST_FAIL("a broadcast from root 7 of 2 ranks ran");
+      } catch (const kft::usage_error&) {
+      }
+      try {  // #2, refused by rank 0 for its own buffers after it was numbered: rank 1 refuses it too
+        if (r == 0) pg.allreduce(x.data(), x.data() + 1, 2, kft::dtype::f32, kft::op_kind::sum);
+        else pg.allreduce(std::span<float>(x), kft::ops::sum);
+        BOOST_FAIL("an allreduce that rank 0 refused ran");
+      } catch (const kft::usage_error&) {
+      }
+      shm->barrier();  // #3, on the communicator directly
+      // #4: rank 1 comes only once rank 0's entry was seen while its call waited
+      std::span<double> y(reinterpret_cast<double*>(x.data()), 2);
+      if (r == 1) {
+        const auto give_up = std::chrono::steady_clock::now() + 10s;
+        while (!looked.load() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(1ms);
+        pg.allreduce(y, kft::ops::max);
+      } else {
+        std::thread look([&] {
+          const auto give_up = std::chrono::steady_clock::now() + 10s;
+          while (std::chrono::steady_clock::now() < give_up) {
+            inside = pg.recorder()->last_call_json(1.0);
+            if (inside.find("\"seq\":4") != std::string::npos) break;
+            std::this_thread::sleep_for(1ms);
+          }
+          looked = true;
+        });
+        pg.allreduce(y, kft::ops::max);
+        look.join();
+      }
+      for (const auto* e : pg.recorder()->entries())
+        seen[static_cast<std::size_t>(r)].push_back(std::string(kft::name(e->op)) + " #" + std::to_string(e->seq) + " " +
+                                                    std::string(tr::name(e->st.load())) + " " +
+                                                    std::string(kft::name(e->type)) + " n " + std::to_string(e->count) +
+                                                    " " + std::string(kft::name(e->algorithm)));
+    });
+  for (auto& x : t) x.join();
+  const std::vector<std::string> want = {"allreduce #1 completed f32 n 4 one_shot",
+                                         "broadcast #2 failed f32 n 4 auto",
+                                         "allreduce #2 failed f32 n 2 auto",
+                                         "barrier #3 completed u8 n 0 one_shot",
+                                         "allreduce #4 completed f64 n 2 one_shot"};
+  BOOST_TEST(seen[0] == want, boost::test_tools::per_element());
+  BOOST_REQUIRE(seen[1].size() == want.size());
+  for (std::size_t i : {0, 1, 3, 4}) BOOST_TEST(seen[1][i] == want[i]);
+  // (rank 1's #2 passed its own check, so its entry was written at its arrival)
+  BOOST_TEST(seen[1][2] == "allreduce #2 failed f32 n 4 one_shot");
+  BOOST_TEST(inside.find("\"state\":\"running\"") != std::string::npos, inside);
+  BOOST_TEST(inside.find("\"seq\":4") != std::string::npos, inside);
 }
 
 // The dump: JSON lines, the process first, then every entry of every live recorder, oldest

@@ -273,10 +273,14 @@ inline void copy_text(char* to, std::size_t cap, std::string_view from) {
 /// @brief One group's ring. Registers itself with the process (for dumps) while it lives.
 class recorder {
  public:
-  /// `group`: the group's name in the dump (the same on every rank of the group).
-  recorder(std::string group, std::size_t entries) : ring_(std::bit_ceil(entries ? entries : 1)) {
+  /// `group`: the group's name in the dump; `rank`, `size` and `id`: as `place` and `identify`
+  /// set them, given here so that the ring is complete when a dump on another thread first sees
+  /// it.
+  recorder(std::string group, std::size_t entries, int rank = -1, int size = -1, std::string_view id = {})
+      : ring_(std::bit_ceil(entries ? entries : 1)), rank_(rank), size_(size) {
     mask_ = ring_.size() - 1;
     detail::copy_text(group_, sizeof group_, group);
+    detail::copy_text(id_, sizeof id_, id);
     auto& r = detail::the_registry();
     for (auto& s : r.slots) {
       recorder* none = nullptr;
@@ -310,9 +314,10 @@ class recorder {
   /// One thread issues a group's calls (they are ordered), so the counter is not a read-modify-write.
   ///
   /// The clock: a call is timed (its start and end read) when the recorder can afford it: two
-  /// reads cost at most 1% of the time between calls. Calls issued faster (8-byte allreduces
-  /// between two shared-memory ranks: a few hundred ns each) are timed one in `stride` (a power
-  /// of two, at most 64, from the last interval measured); the others take the last reading as
+  /// reads cost at most 0.25% of the time between calls (`read_budget`: a quarter of issue 47's
+  /// 1%, which the rest of the recording shares). Calls issued faster (8-byte allreduces
+  /// between two shared-memory ranks: about 150 ns each) are timed one in `stride` (a power of
+  /// two, at most 256, from the last interval measured); the others take the last reading as
   /// their start, a lower bound, and no end (`entry::timed` false).
   ///
   /// A blocking call identical to the one before it (collective, dtype, count, root, algorithm,
@@ -434,8 +439,8 @@ class recorder {
     // The group's line: what a reader needs to know who else should have written this group.
     const char* group_id = id_[0] ? id_ : group_;
     w.text("{\"group\":\"").escaped(group_).text("\",\"group_id\":\"").escaped(group_id);
-    w.text("\",\"group_rank\":").number(rank_);
-    w.text(",\"group_size\":").number(size_).text(",\"recorded\":").number(static_cast<std::int64_t>(n));
+    w.text("\",\"group_rank\":").number(static_cast<int>(rank_));
+    w.text(",\"group_size\":").number(static_cast<int>(size_)).text(",\"recorded\":").number(static_cast<std::int64_t>(n));
     w.text(",\"capacity\":").number(static_cast<std::int64_t>(ring_.size())).text("}\n");
     for (std::uint64_t id = n > ring_.size() ? n - ring_.size() + 1 : 1; id <= n; ++id) {
       const entry& e = ring_[static_cast<std::size_t>((id - 1) & mask_)];
@@ -460,21 +465,73 @@ class recorder {
   // the calls' time.
   void pace(std::int64_t now) noexcept {
     const std::int64_t per_call = last_read_ ? (now - last_read_) / std::max<std::uint32_t>(since_, 1) : 0;
-    const std::int64_t want = per_call > 0 ? (200 * detail::the_registry().read_cost + per_call - 1) / per_call : 1;
-    stride_ = static_cast<std::uint32_t>(std::bit_ceil(static_cast<std::uint64_t>(std::clamp<std::int64_t>(want, 1, 64))));
+    // (two readings per stride, at most read_budget of the calls' time)
+    const std::int64_t want = per_call > 0 ? (2 * read_budget * detail::the_registry().read_cost + per_call - 1) / per_call : 1;
+    stride_ = static_cast<std::uint32_t>(std::bit_ceil(static_cast<std::uint64_t>(std::clamp<std::int64_t>(want, 1, 256))));
     last_read_ = now;
     since_ = 0;
   }
 
+  static constexpr std::int64_t read_budget = 400;  // a clock reading at most 1/400 of the calls' time
   std::vector<entry> ring_;
   std::size_t mask_ = 0;  // ring size - 1 (a power of two)
   std::int64_t last_read_ = 0;  // the last clock reading (ticks)
   std::uint32_t stride_ = 1, since_ = 0;  // calls per reading; calls since the last one
   std::atomic<std::uint64_t> next_{0};
   char group_[256] = {0};
-  int rank_ = -1, size_ = -1;  // this rank's place in the group, the group's size (place)
+  // This rank's place in the group and the group's size (place): a dump on another thread may
+  // read them as the group sets them (the ring is registered before).
+  relaxed<int> rank_{-1}, size_{-1};
   char id_[64] = {0};          // the group's id on every rank (identify); "": its name
   std::atomic<recorder*>* slot_ = nullptr;
+};
+
+/// @brief Blocking calls' entries, written by the transport: begun right after this rank has
+/// published its arrival at a call, so that the wait for the others hides the writing, and ended
+/// when the call returns. A process group that records hands its note to a transport that takes
+/// notes (the shared-memory one: `shm::communicator::note_arrivals`), and records the calls of
+/// the others itself, before they start.
+///
+/// Why: between two shared-memory ranks an 8-byte allreduce takes about 140 ns, and writing an
+/// entry a few ns, which on the call's path is several percent; after its arrival flag is out,
+/// a rank only waits for its peer's flag to cross between cores (bench/collectives/
+/// flight_recorder_cost.cpp; docs/flight-recorder.md). The entry's start is then the rank's
+/// arrival, not its issue, and its algorithm the one the transport chose. One thread makes a
+/// group's blocking calls, and the transport writes the note on that thread, inside the call:
+/// nothing here is shared.
+struct arrival_note {
+  recorder* rec = nullptr;
+  std::uint32_t generation = 0;  ///< the group's generation, for the entries
+  bool open = false;             ///< a call's entry is begun and not yet ended (`ref`)
+  slot_ref ref;
+  std::uint64_t last_seq = 0;  ///< the transport's sequence number of the last call written
+
+  /// @brief The transport's side: call `seq` is under way here. (Not inlined: the transport's
+  /// call path stays as it is without a recorder.)
+  [[gnu::noinline]] void write(collective op, dtype t, std::size_t count, std::uint64_t seq, algo a,
+                               int root) noexcept {
+    ref = rec->begin(op, t, count, seq, generation, a, root, false);
+    last_seq = seq;
+    open = true;
+  }
+  /// @brief The transport's side: the call returned.
+  void close() noexcept {
+    open = false;
+    ref.end(true);
+  }
+  /// @brief The group's side, when a call threw: its entry, to be ended as failed. When the
+  /// transport wrote none (the call failed before its arrival), it is written now; `numbered`
+  /// is the transport's sequence number now, the call's own when the transport numbered it,
+  /// else the one before.
+  slot_ref failed(collective op, dtype t, std::size_t count, std::uint64_t numbered, algo a, int root) noexcept {
+    if (!open) {
+      const bool unnumbered = numbered == last_seq;  // (its error came before the transport's count)
+      write(op, t, count, unnumbered ? numbered + 1 : numbered, a, root);
+      if (unnumbered) last_seq = numbered;
+    }
+    open = false;
+    return ref;
+  }
 };
 
 /// @brief Writes every recorder of this process to `<KFT_TRACE_DIR>/rank<R>.jsonl`, saying

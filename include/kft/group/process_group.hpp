@@ -117,12 +117,17 @@ class process_group : public typed_collectives<process_group> {
   /// `id`: the group's name in the dumps, the same on every rank ("": its description, which
   /// may differ between hosts).
   void record(const trace::settings& s, std::string_view id = {}) {
+    impl_->note_arrivals(nullptr);
+    note_.reset();
     rec_.reset();
     trace_generation_ = static_cast<std::uint32_t>(generation());
     if (s.entries) {
-      rec_ = std::make_unique<trace::recorder>(what_, s.entries);
-      rec_->place(rank(), size());
-      rec_->identify(id);
+      rec_ = std::make_unique<trace::recorder>(what_, s.entries, rank(), size(), id);
+      note_ = std::make_unique<trace::arrival_note>();
+      note_->rec = rec_.get();
+      note_->generation = trace_generation_;
+      note_->last_seq = impl_->sequence();
+      take_notes();
     }
   }
   /// @brief This group's flight recorder, or nullptr.
@@ -283,6 +288,8 @@ class process_group : public typed_collectives<process_group> {
     virtual std::uint64_t generation() const noexcept = 0;
     virtual bool shrinks_in_place() const noexcept = 0;
     virtual std::vector<int> lost_ranks() const = 0;
+    // Hands the communicator the group's flight-recorder note; false: it takes none.
+    virtual bool note_arrivals(trace::arrival_note*) noexcept = 0;
   };
 
   // A group across nodes: the survivors agree (by founding rank, sharing what each saw lost),
@@ -323,6 +330,7 @@ class process_group : public typed_collectives<process_group> {
     }
     process_group& next = *built;
     impl_ = std::move(next.impl_);  // (the previous generation's connections close here)
+    take_notes();
     members_ = m.members;
     generation_ = m.generation;
     changed(m, how);
@@ -362,6 +370,10 @@ class process_group : public typed_collectives<process_group> {
     what_ += std::string(" (") + how + " to " + std::to_string(m.size()) + " of " + std::to_string(founding_) +
              " ranks: " + m.describe() + ", generation " + std::to_string(m.generation) + ")";
     trace_generation_ = static_cast<std::uint32_t>(generation());
+    if (note_) {
+      note_->generation = trace_generation_;
+      note_->last_seq = impl_->sequence();
+    }
     if (rec_) {
       rec_->rename(what_);
       rec_->place(m.rank, m.size());
@@ -393,16 +405,29 @@ class process_group : public typed_collectives<process_group> {
     } catch (...) {
     }
   }
+  // A transport that takes notes (shm) writes its blocking calls' entries itself, begun once
+  // this rank's arrival is out, where the wait for the others hides it, and ended as they
+  // return (trace::arrival_note); the group writes only those of calls that failed before their
+  // arrival. The other transports' calls are recorded here, before they start.
+  void take_notes() noexcept { notes_ = note_ && impl_ && impl_->note_arrivals(note_.get()); }
   template <class F>
   void traced(collective c, dtype t, std::size_t n, const options& o, int root, F&& call) {
-    const auto r = begin_trace(c, t, n, o, root, false);
+    if (!notes_) {
+      const auto r = begin_trace(c, t, n, o, root, false);
+      try {
+        call();
+      } catch (...) {
+        failed_trace(r, std::current_exception());
+        throw;
+      }
+      return trace::recorder::end(r, true);
+    }
     try {
       call();
     } catch (...) {
-      failed_trace(r, std::current_exception());
+      failed_trace(note_->failed(c, t, n, impl_->sequence(), o.algorithm, root), std::current_exception());
       throw;
     }
-    trace::recorder::end(r, true);
   }
   template <class F>
   async::work traced_async(collective c, dtype t, std::size_t n, const options& o, int root, F&& call) {
@@ -468,6 +493,14 @@ class process_group : public typed_collectives<process_group> {
       return as_work(c->allgather_async(i, o, n, t, x));
     }
     async::work barrier_async(const options& x) override { return as_work(c->barrier_async(x)); }
+    bool note_arrivals(trace::arrival_note* n) noexcept override {
+      if constexpr (requires { c->note_arrivals(n); }) {
+        c->note_arrivals(n);
+        return true;
+      } else {
+        return false;
+      }
+    }
     void abort(std::string_view why) noexcept override { c->abort(why); }
     membership shrink(std::shared_ptr<rendezvous::store> store, const shrink_options& o,
                       const std::string& what) override {
@@ -527,6 +560,8 @@ class process_group : public typed_collectives<process_group> {
     }
   };
 
+  // (before impl_: a communicator holding it is destroyed first)
+  std::unique_ptr<trace::arrival_note> note_;  // the recorder's note for the transport (record)
   std::unique_ptr<base> impl_;
   std::string what_;
   std::int64_t admitted_ = 0;  // join tickets admitted so far (equal on every rank)
@@ -537,6 +572,7 @@ class process_group : public typed_collectives<process_group> {
   std::vector<int> members_;   // its ranks by founding rank (empty: not shrunk)
   std::unique_ptr<trace::recorder> rec_;  // the flight recorder (record), or none
   std::uint32_t trace_generation_ = 0;    // generation(), kept for the recorder (changed())
+  bool notes_ = false;                    // the transport writes blocking calls' entries (take_notes)
   std::uint64_t generation_ = 0;
 };
 

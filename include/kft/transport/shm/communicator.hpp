@@ -30,6 +30,7 @@
 #include <utility>
 
 #include <kft/async/engine.hpp>
+#include <kft/core/flight_recorder.hpp>
 #include <kft/core/options.hpp>
 #include <kft/transport/concepts.hpp>
 #include <kft/transport/shm/allgather.hpp>
@@ -97,6 +98,11 @@ class communicator : public typed_collectives<communicator> {
   /// @brief The CPU this rank's progress thread is bound to (`config::bind_progress_thread`),
   /// or -1: not bound, or not started (it starts with the first asynchronous call).
   int progress_cpu() const noexcept { return engine_ ? engine_->worker_cpu() : -1; }
+  /// @brief Blocking calls write their flight-recorder entries into `n`'s recorder, begun once
+  /// this rank's arrival is out and ended as they return (trace::arrival_note; a process group
+  /// that records does this). nullptr: none. `n` must outlive the communicator or be replaced
+  /// first.
+  void note_arrivals(trace::arrival_note* n) noexcept { note_ = n; }
   /// @brief The site of the next call, for argument errors (`typed_collectives`).
   error_site next_site(collective c) const { return s_->site(std::string(name(c)), issued_ + 1); }
 
@@ -233,7 +239,10 @@ class communicator : public typed_collectives<communicator> {
   void run(F&& f) {
     engine_->drain();
     s_->seq = ++issued_;
+    s_->note = note_;  // (an asynchronous call sets none: submit)
     f();
+    if (note_ && note_->open) [[unlikely]]  // (the recorder's path out of the way of the other)
+      note_->close();
   }
   template <class F>
   async::work submit(collective c, const options& o, F&& f) {
@@ -241,6 +250,7 @@ class communicator : public typed_collectives<communicator> {
     const auto timeout = timeout_or(o, s_->cfg.timeout) + s_->outside_most;
     return engine_->submit({c, seq, timeout, {}}, [s = s_.get(), seq, f = std::forward<F>(f)] {
       s->seq = seq;
+      s->note = nullptr;  // (the blocking calls' note: run)
       f(*s);
     });
   }
@@ -248,6 +258,7 @@ class communicator : public typed_collectives<communicator> {
   std::unique_ptr<detail::state> s_;
   std::unique_ptr<async::engine> engine_;
   std::uint64_t issued_ = 0;
+  trace::arrival_note* note_ = nullptr;  // note_arrivals
 };
 
 static_assert(async_communicator<communicator>);

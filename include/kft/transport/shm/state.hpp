@@ -72,6 +72,9 @@ struct state {
   std::size_t huge_bytes = 0;     // bytes of my region in 2 MiB pages
   std::string huge_note;          // why not all of it, when huge and the kernel refused
   std::uint64_t seq = 0;    // calls made
+  // The blocking call's flight-recorder note (communicator::note_arrivals), written once this
+  // rank's arrival is out (arrive_and_check); null for asynchronous calls and when none records.
+  trace::arrival_note* note = nullptr;
   std::uint64_t chunk = 0;  // staging chunks used (alternating buffers)
   std::size_t pool_used = 0;
   // Bytes an allreduce copied between the caller's buffers and staging memory (copy-in, and
@@ -553,6 +556,11 @@ struct state {
   void arrive_and_check(const call& k) {
     box(me, k.sig.seq).seq.store(k.sig.seq, std::memory_order_release);
     notify();
+    // The call's flight-recorder entry, while the peers' flags are on their way. (Written
+    // between the flag and notify's fence instead, it measured worse: +13-16% in half the runs.)
+    if (note) [[unlikely]]  // (the recorder's path out of the way of the other)
+      note->write(static_cast<collective>(k.sig.coll), static_cast<dtype>(k.sig.type), k.sig.count, k.sig.seq,
+                  static_cast<algo>(k.sig.algorithm), k.sig.root);
     wait_peers([&](int r) { return box(r, k.sig.seq).seq.load(std::memory_order_acquire); }, k.sig.seq, "arrival",
                &k.sig, k.deadline, k.timeout);
     for (int r = 0; r < p; ++r) {
