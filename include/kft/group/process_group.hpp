@@ -409,7 +409,9 @@ class process_group : public typed_collectives<process_group> {
   // this rank's arrival is out, where the wait for the others hides it, and ended as they
   // return (trace::arrival_note); the group writes only those of calls that failed before their
   // arrival. The other transports' calls are recorded here, before they start.
-  void take_notes() noexcept { notes_ = note_ && impl_ && impl_->note_arrivals(note_.get()); }
+  // (always handed over, null included: a communicator moved here from a rebuilt group may hold
+  // that group's note, which dies with it)
+  void take_notes() noexcept { notes_ = impl_ && impl_->note_arrivals(note_.get()) && note_; }
   template <class F>
   void traced(collective c, dtype t, std::size_t n, const options& o, int root, F&& call) {
     if (!notes_) {
