@@ -33,9 +33,33 @@ def who():
 
 # ---- the build tree -------------------------------------------------------------------------
 
+_flags_checked = set()
+
+
+def reduced_flags(build):
+    """The build's KFT_BENCH_OPTIMIZE, when it replaced the benchmarks' -O3 (the test suite's tree,
+    build-tests, builds them at -O1 for its smoke tests), else ""."""
+    try:
+        with open(os.path.join(build, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("KFT_BENCH_OPTIMIZE:"):
+                    return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def bench_program(build, name):
     """BUILD/bench/NAME: bench/CMakeLists.txt defines every program itself, so each lands there
-    whichever folder of bench/ its source is in."""
+    whichever folder of bench/ its source is in. Says once, on standard error, when the build's
+    benchmarks are not at their own flags (their numbers are not the ones to quote)."""
+    if build not in _flags_checked:
+        _flags_checked.add(build)
+        flags = reduced_flags(build)
+        if flags:
+            print(f"{who()}: note: {build} builds the benchmarks with KFT_BENCH_OPTIMIZE={flags} (the test suite's "
+                  "smoke build), not -O3: for numbers, use a build configured without it (docs/building.md)",
+                  file=sys.stderr)
     return os.path.join(build, "bench", name)
 
 
