@@ -118,6 +118,7 @@ class process_group : public typed_collectives<process_group> {
   /// may differ between hosts).
   void record(const trace::settings& s, std::string_view id = {}) {
     impl_->note_arrivals(nullptr);
+    notes_ = false;
     note_.reset();
     rec_.reset();
     trace_generation_ = static_cast<std::uint32_t>(generation());
