@@ -76,6 +76,7 @@ int run(int argc, char** argv) {
   double target = 0.87;
   bool require_target = false;
   std::uint64_t bucket_cap_mib = 25;
+  int gemm_reps = 200;
   app.add_option("--data", data, "directory with the four *-ubyte.gz files")->capture_default_str();
   app.add_option("--synthetic", synthetic,
                  "train on N synthetic images (and test on N/5) instead of the files: random pixels labelled by a "
@@ -93,6 +94,11 @@ int run(int argc, char** argv) {
   app.add_option("--evals-per-epoch", evals_per_epoch, "test evaluations per epoch")->check(CLI::Range(1, 100))->capture_default_str();
   app.add_option("--bucket-cap-mib", bucket_cap_mib, "the reducer's bucket cap")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_option("--verify-every", to.verify_every, "steps between replica comparisons")->capture_default_str();
+  app.add_option("--gemm-reps", gemm_reps,
+                 "after training, rank 0 times the cuBLAS products of one step's batch alone, over N steps, and "
+                 "prints them beside the time per step (0: not)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
   app.add_flag("--quiet", to.quiet, "print only the summary");
   app.add_option("--log-json", log_json, "append JSON lines (start, eval, epoch, summary) to this file");
   CLI11_PARSE(app, argc, argv);
@@ -149,6 +155,17 @@ int run(int argc, char** argv) {
 
     kft::ddp::trainer t(dev, pg, model, opt, to);
     const kft::ddp::fit_summary s = t.fit(train.n, test.n);
+    if (gemm_reps > 0 && pg.rank() == 0 && s.steps > 0) {
+      // What overlap could hide: the step's matrix products alone, on this rank's batch.
+      const double gemm = model.gemm_seconds(static_cast<int>(to.batch), gemm_reps);
+      const double step = s.train_seconds / static_cast<double>(s.steps);
+      std::printf("%s: %.3f ms a step over %llu steps (%d rank(s), batch %llu a rank; exposed communication %.3f ms a "
+                  "step); the step's cuBLAS products alone (%zu forward, %zu weight-gradient, %zu input-gradient) "
+                  "%.3f ms, %.1f%% of the step\n",
+                  program, step * 1e3, static_cast<unsigned long long>(s.steps), pg.size(),
+                  static_cast<unsigned long long>(to.batch), s.exposed_comm_seconds / static_cast<double>(s.steps) * 1e3,
+                  model.layers(), model.layers(), model.layers() - 1, gemm * 1e3, 100.0 * gemm / step);
+    }
     if (require_target && s.final_accuracy < target) {
       if (pg.rank() == 0)
         std::fprintf(stderr, "%s: final test accuracy %.4f is below the target %.2f\n", program, s.final_accuracy, target);

@@ -177,6 +177,24 @@ __global__ void softmax_cross_entropy(float* __restrict__ z, const std::uint8_t*
 
 inline constexpr int block_threads = 256;
 
+// Two timing events, destroyed on scope exit.
+struct event_pair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  event_pair() {
+    check(cudaEventCreate(&start), "cudaEventCreate");
+    if (cudaEventCreate(&stop) != cudaSuccess) {
+      cudaEventDestroy(start);
+      throw std::runtime_error("cudaEventCreate failed");
+    }
+  }
+  event_pair(const event_pair&) = delete;
+  event_pair& operator=(const event_pair&) = delete;
+  ~event_pair() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+};
+
 // Blocks for a grid-stride loop over n elements (n > 0).
 inline unsigned blocks_for(std::size_t n) {
   return static_cast<unsigned>(std::clamp<std::size_t>((n + block_threads - 1) / block_threads, 1, 4096));
@@ -305,6 +323,54 @@ class mlp_cuda {
       gpu::check(cudaGetLastError(), "relu_backward kernel launch");
     }
     return fetch_totals(b);
+  }
+
+  /// The cuBLAS matrix products of one training step over a batch of `b` samples, alone: each
+  /// layer's forward product, weight gradient and (but the first) input gradient, the calls
+  /// forward_backward makes, on scratch buffers. Their mean time over `reps` timed steps (after
+  /// warm-up), in seconds, by CUDA events on the model's stream: the compute a step has for the
+  /// gradients' communication to hide behind.
+  double gemm_seconds(int b, int reps) {
+    if (b < 1 || reps < 1) throw std::invalid_argument("mlp_cuda::gemm_seconds: batch and repetitions must be >= 1");
+    reserve(static_cast<std::size_t>(b));
+    std::vector<gpu::device_array<float>> dw(layers());
+    for (std::size_t l = 0; l < layers(); ++l) {
+      dw[l].reallocate(static_cast<std::size_t>(w_[l]) * static_cast<std::size_t>(w_[l + 1]));
+      gpu::check(cudaMemsetAsync(z_[l].data(), 0, static_cast<std::size_t>(b) * w_[l + 1] * sizeof(float), stream_),
+                 "cudaMemsetAsync");
+    }
+    gpu::check(cudaMemsetAsync(x_.data(), 0, static_cast<std::size_t>(b) * w_.front() * sizeof(float), stream_),
+               "cudaMemsetAsync");
+    const float one = 1.0f, zero = 0.0f;
+    const auto step = [&] {
+      for (std::size_t l = 0; l < layers(); ++l) {
+        const int in = w_[l], out = w_[l + 1];
+        const float* h = l == 0 ? x_.data() : z_[l - 1].data();
+        gpu::check(cublasSgemm(blas_.h, CUBLAS_OP_N, CUBLAS_OP_N, out, b, in, &one, weights_[l].data(), out, h, in,
+                               &zero, z_[l].data(), out),
+                   "cublasSgemm (forward)");
+      }
+      for (std::size_t l = layers(); l-- > 0;) {
+        const int in = w_[l], out = w_[l + 1];
+        const float* h = l == 0 ? x_.data() : z_[l - 1].data();
+        gpu::check(cublasSgemm(blas_.h, CUBLAS_OP_N, CUBLAS_OP_T, out, in, b, &one, z_[l].data(), out, h, in, &zero,
+                               dw[l].data(), out),
+                   "cublasSgemm (weight gradient)");
+        if (l == 0) break;
+        gpu::check(cublasSgemm(blas_.h, CUBLAS_OP_T, CUBLAS_OP_N, in, b, out, &one, weights_[l].data(), out,
+                               z_[l].data(), out, &zero, dh_.data(), in),
+                   "cublasSgemm (input gradient)");
+      }
+    };
+    for (int i = 0; i < 10; ++i) step();  // cuBLAS picks and loads its kernels
+    gpu::event_pair ev;
+    gpu::check(cudaEventRecord(ev.start, stream_), "cudaEventRecord");
+    for (int i = 0; i < reps; ++i) step();
+    gpu::check(cudaEventRecord(ev.stop, stream_), "cudaEventRecord");
+    gpu::check(cudaEventSynchronize(ev.stop), "cudaEventSynchronize");
+    float ms = 0;
+    gpu::check(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime");
+    return static_cast<double>(ms) / 1e3 / reps;
   }
 
   /// The loss and accuracy statistics over test samples `idx` (host indices); no gradients.

@@ -18,8 +18,10 @@
 ///
 /// NCCL has no watchdog of its own: a rank that never arrives leaves every other rank's kernel
 /// spinning. kft creates the communicator non-blocking (`ncclConfig_t::blocking = 0`) and polls
-/// its event and `ncclCommGetAsyncError` against a deadline; past it, the communicator is
-/// aborted (`ncclCommAbort`, which stops the kernels) and the call throws `timeout_error`. After a
+/// its event and `ncclCommGetAsyncError` against a deadline; past it, the call throws
+/// `timeout_error` and the communicator is aborted (`ncclCommAbort`, which stops the kernels) on
+/// a thread of its own: the abort can take seconds, the error comes at the deadline.
+/// `kft::wait_for_background_cleanup` waits for such aborts (exit does too, bounded). After a
 /// failure the communicator refuses further calls. NCCL return codes become kft exceptions in
 /// one place (`kft::nccl::check`), CUDA's in `kft::detail::cuda_check` (core/cuda_error.hpp).
 /// The pieces: `options.hpp` (settings, per-call options, the unique id, types), `state.hpp`
@@ -166,7 +168,7 @@ class communicator : public typed_collectives<communicator, options> {
         const bool mine = c.s_->comm != nullptr && c.s_->in_progress(c.s_->comm, "split", 0);
         if (!parent && !mine) break;
         if (std::chrono::steady_clock::now() > deadline) {
-          c.s_->abort_quietly();
+          c.s_->abort_in_background();
           s.time_out("split", 0,
                      "split timed out after " + kft::detail::describe_duration(s.cfg.timeout) +
                          " waiting for the other ranks to call it; the NCCL communicator was aborted");
@@ -174,7 +176,7 @@ class communicator : public typed_collectives<communicator, options> {
         b.pause();
       }
     } catch (...) {
-      c.s_->abort_quietly();
+      c.s_->abort_in_background();
       throw;
     }
     c.s_->comm = child_now();

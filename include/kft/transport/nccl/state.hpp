@@ -2,7 +2,8 @@
 /// @file kft/transport/nccl/state.hpp
 /// @brief What a NCCL communicator and its work share (component `kft::nccl`): the NCCL
 /// communicator, its stream, reusable events, the failure state, and the polling of NCCL's
-/// asynchronous errors against deadlines (`ncclCommGetAsyncError`; `ncclCommAbort` past them).
+/// asynchronous errors against deadlines (`ncclCommGetAsyncError`; `ncclCommAbort` past them,
+/// on a thread of its own so that the error comes at the deadline).
 #pragma once
 
 #include <kft/config.hpp>
@@ -13,11 +14,14 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <kft/core/background.hpp>
 #include <kft/core/backoff.hpp>
 #include <kft/core/cuda_error.hpp>
 #include <kft/core/dtype.hpp>
@@ -57,7 +61,7 @@ class device_guard {
 
 /// What a communicator and its requests share. Requests keep it alive, so a request that
 /// outlives its communicator (or a moved communicator) never points at freed memory.
-struct comm_state {
+struct comm_state : std::enable_shared_from_this<comm_state> {
   ncclComm_t comm = nullptr;
   int rank = 0, size = 0, device = 0;
   std::uint64_t seq = 0;
@@ -111,6 +115,31 @@ struct comm_state {
     comm = nullptr;
   }
 
+  // After a failure: ncclCommAbort waits until the communicator's kernels and proxy threads
+  // stop, seconds when a kernel is stuck behind other work, so it runs on a thread of its own
+  // (kft/core/background.hpp) and the failing call throws at once. The job keeps this state
+  // alive: the stream, events and scratch are released only after the abort. Where no thread
+  // can be had, the abort runs here, as abort_quietly does.
+  void abort_in_background() noexcept {
+    if (comm == nullptr) return;
+    const ncclComm_t c = comm;
+    comm = nullptr;
+    const int dev = device;
+    try {
+      std::shared_ptr<comm_state> keep = weak_from_this().lock();
+      const auto limit = std::max<std::chrono::milliseconds>(cfg.destroy_timeout, std::chrono::seconds(10));
+      kft::detail::background::instance().run("ncclCommAbort of \"" + cfg.name + "\" (rank " + std::to_string(rank) +
+                                                  ", " + broken + ")",
+                                              limit, [c, dev, keep = std::move(keep)] {
+                                                device_guard g(dev, device_guard::quiet_t{});
+                                                ncclCommAbort(c);
+                                              });
+    } catch (...) {
+      device_guard g(dev, device_guard::quiet_t{});
+      ncclCommAbort(c);
+    }
+  }
+
   // NCCL reported an error for the communicator (a peer failed, a network error, a bad
   // argument found in the background): it is unusable from now on.
   void fail_async(ncclResult_t st, const char* op, std::uint64_t s) {
@@ -118,7 +147,7 @@ struct comm_state {
     try {
       check(st, "ncclCommGetAsyncError", site(op, s));
     } catch (...) {
-      abort_quietly();
+      abort_in_background();
       throw;
     }
   }
@@ -127,13 +156,14 @@ struct comm_state {
     try {
       kft::detail::cuda_check(e, call, site(op, s));
     } catch (...) {
-      abort_quietly();
+      abort_in_background();
       throw;
     }
   }
+  // Past a deadline: the error is thrown now; the abort finishes in the background.
   void time_out(const char* op, std::uint64_t s, const std::string& detail) {
     broken = std::string("a timed-out ") + op + " #" + std::to_string(s);
-    abort_quietly();
+    abort_in_background();
     throw timeout_error(detail, site(op, s));
   }
 
