@@ -38,8 +38,10 @@ part "install packages"
 # are smoke runs checking what they print (their numbers come from runs at their own -O3), are
 # built at -O1 with the vectorizer: ddp_perf compiled in 25 s against 44 s at -O3.
 # No debug information either (configure.sh's -g1 dropped): the suite prints no backtraces, and
-# the line tables cost 10-18% of a unit's compile (test_groups.cpp 16.5 s against 14.7 s at -Og,
-# example 05's main.cpp 77 s against 63 s; same VM). A tree for debugging is configured by hand.
+# the line tables cost up to 13% of a unit's compile, measured in pairs on the same VM:
+# test_groups.cpp 16.9 s against 14.7 s at -Og, test_trainer.cpp 14.2 against 13.7, example 05's
+# main.cpp 66.1 against 64.7, kftrun's main.cpp and the bench harness no difference. A tree for
+# debugging is configured by hand.
 suite=(-DKFT_SUITE_OPTIMIZE="-Og;-Wno-maybe-uninitialized" -DKFT_SUITE_OPTIMIZE_COMPUTE="-O1;-ftree-vectorize"
        -DKFT_BENCH_OPTIMIZE="-O1;-ftree-vectorize"
        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" -DCMAKE_CUDA_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG")

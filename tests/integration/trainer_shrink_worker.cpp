@@ -157,7 +157,11 @@ int main(int argc, char** argv) {
     auto& job = *session;
     auto& pg = job.group();
     const int job_rank = launched_rank >= 0 ? launched_rank : pg.rank();
-    const bool heal = std::string(std::getenv("KFT_ON_FAILURE") ? std::getenv("KFT_ON_FAILURE") : "") == "heal";
+    // A replacement can still come: heal, and kftrun's restarts not used up (a job that kftrun
+    // restarted whole, its last restart, gets none; waiting for one there cost the whole 60 s).
+    const auto env_int = [](const char* name) { return std::getenv(name) ? std::atoi(std::getenv(name)) : 0; };
+    const bool heal = std::string(std::getenv("KFT_ON_FAILURE") ? std::getenv("KFT_ON_FAILURE") : "") == "heal" &&
+                      env_int("KFT_RESTART_COUNT") < env_int("TORCHELASTIC_MAX_RESTARTS");
     regression m;
     m.pg = &pg;
     m.victim = std::atoi(argv[2]);
