@@ -50,8 +50,11 @@ class background {
     try {
       std::lock_guard<std::mutex> lk(m_);
       collect_locked();
-      jobs_.push_back(job_record{std::move(what), std::chrono::steady_clock::now() + limit, std::move(job)});
+      jobs_.emplace_back();  // (the one step that may throw: `job` is still the caller's)
       j = &jobs_.back();
+      j->what = std::move(what);
+      j->limit = std::chrono::steady_clock::now() + limit;
+      j->job = std::move(job);
       j->thread = std::thread([this, j] { finish(j); });
       return;
     } catch (...) {
